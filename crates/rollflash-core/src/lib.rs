@@ -1,0 +1,44 @@
+//! `rollflash-core`: pure data shared by every crate — ids, policy versions, finish reasons.
+//! No I/O and no tensors live here.
+
+use serde::{Deserialize, Serialize};
+
+/// A policy version: bumped by every optimizer step. Weights on every backend carry one, and
+/// every generated token records the version that produced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+pub struct PolicyVersion(pub u64);
+
+impl PolicyVersion {
+    /// The version after one more optimizer step.
+    pub fn next(self) -> Self {
+        PolicyVersion(self.0 + 1)
+    }
+}
+
+impl std::fmt::Display for PolicyVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// Identifies one generation request across the proxy, backends and engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RequestId(pub u64);
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "req{}", self.0)
+    }
+}
+
+/// Why a generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token was sampled (it is included in the output).
+    Stop,
+    /// `max_new_tokens` or the model's context length was reached.
+    Length,
+    /// The request was aborted; the tokens so far are returned and may be resumed.
+    Aborted,
+}

@@ -1,0 +1,5 @@
+//! The model crate's one integration-test binary.
+
+mod gguf;
+mod reference;
+mod tokenizer;
