@@ -1,1 +1,432 @@
-//! placeholder, being written in another worktree
+//! The decoder-only transformer (Llama / Qwen2 / Qwen3 families) and its packed forward pass.
+//!
+//! One forward serves every use: a *packed batch* is a list of chunks, each a run of tokens of
+//! one sequence starting at some position. Linear layers run on all tokens of all chunks at
+//! once (that is where the FLOPs are); attention runs per chunk against that sequence's KV
+//! cache. Prefill, decode and a mix of both (continuous batching) are the same call, and the
+//! training forward is the same code with the differentiable ops and no cache — which is why
+//! incremental decoding and training log-probs agree.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::config::ModelConfig;
+use crate::ops;
+use crate::weights::Weights;
+use crate::{ModelError, Result};
+
+/// A run of tokens of one sequence, at positions `start_pos .. start_pos + tokens.len()`.
+#[derive(Debug, Clone, Copy)]
+pub struct Chunk<'a> {
+    pub tokens: &'a [u32],
+    pub start_pos: usize,
+}
+
+/// Which logits a forward returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// One row per input token: `[total_tokens, vocab]` (training).
+    All,
+    /// One row per chunk, for its last token: `[num_chunks, vocab]` (generation).
+    LastOfEachChunk,
+}
+
+/// The KV cache of one sequence: per layer, keys and values `[kv_heads, capacity, head_dim]`,
+/// grown by doubling and written in place. Owned by the caller (the engine), never hidden in
+/// the model, so sequences can be added, dropped and resumed freely.
+#[derive(Debug)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    len: usize,
+}
+
+impl KvCache {
+    /// An empty cache for a model with `num_layers` layers.
+    pub fn new(num_layers: usize) -> Self {
+        KvCache {
+            layers: (0..num_layers).map(|_| None).collect(),
+            len: 0,
+        }
+    }
+
+    /// Number of positions cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `k`, `v` (`[kv_heads, t, head_dim]`) to layer `layer` and returns views of all
+    /// cached keys and values. `len` advances once per forward (after the last layer).
+    fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (kvh, t, hd) = k.dims3()?;
+        let need = self.len + t;
+        let slot = self
+            .layers
+            .get_mut(layer)
+            .ok_or_else(|| ModelError::InvalidRequest(format!("cache has no layer {layer}")))?;
+        let grow = match slot {
+            Some((ck, _)) => ck.dim(1)? < need,
+            None => true,
+        };
+        if grow {
+            let cap = need.next_power_of_two().max(16);
+            let nk = Tensor::zeros((kvh, cap, hd), k.dtype(), k.device())?;
+            let nv = Tensor::zeros((kvh, cap, hd), v.dtype(), v.device())?;
+            if let Some((ck, cv)) = slot.as_ref() {
+                if self.len > 0 {
+                    nk.slice_set(&ck.narrow(1, 0, self.len)?.contiguous()?, 1, 0)?;
+                    nv.slice_set(&cv.narrow(1, 0, self.len)?.contiguous()?, 1, 0)?;
+                }
+            }
+            *slot = Some((nk, nv));
+        }
+        let (ck, cv) = slot
+            .as_ref()
+            .ok_or_else(|| ModelError::InvalidRequest("cache slot vanished".into()))?;
+        ck.slice_set(&k.contiguous()?, 1, self.len)?;
+        cv.slice_set(&v.contiguous()?, 1, self.len)?;
+        Ok((
+            ck.narrow(1, 0, need)?.contiguous()?,
+            cv.narrow(1, 0, need)?.contiguous()?,
+        ))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Linear {
+    w: Tensor,
+    b: Option<Tensor>,
+}
+
+impl Linear {
+    fn load(w: &Weights, name: &str, out: usize, inp: usize, bias: bool, dt: DType) -> Result<Self> {
+        Ok(Linear {
+            w: w.get(&format!("{name}.weight"), &[out, inp], dt)?,
+            b: if bias {
+                Some(w.get(&format!("{name}.bias"), &[out], dt)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// `x [n, in] → [n, out]`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.matmul(&self.w.t()?)?;
+        Ok(match &self.b {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Layer {
+    input_norm: Tensor,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    post_norm: Tensor,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// A transformer with its weights. Cheap to clone (tensors are shared).
+#[derive(Debug, Clone)]
+pub struct Transformer {
+    cfg: ModelConfig,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Tensor,
+    /// `[max_positions, head_dim / 2]` rotary tables, computed in f64 then cast.
+    cos: Tensor,
+    sin: Tensor,
+    dtype: DType,
+    device: Device,
+}
+
+impl Transformer {
+    /// Builds the model from named weights (cast to `dtype`); every tensor's shape is checked
+    /// against `cfg`.
+    pub fn from_weights(cfg: &ModelConfig, w: &Weights, dtype: DType, device: &Device) -> Result<Self> {
+        cfg.validate()?;
+        let h = cfg.hidden_size;
+        let hd = cfg.head_dim;
+        let q_out = cfg.num_attention_heads * hd;
+        let kv_out = cfg.num_key_value_heads * hd;
+        let embed = w.get("model.embed_tokens.weight", &[cfg.vocab_size, h], dtype)?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for l in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            let bias = cfg.attention_bias;
+            layers.push(Layer {
+                input_norm: w.get(&format!("{p}.input_layernorm.weight"), &[h], dtype)?,
+                q: Linear::load(w, &format!("{p}.self_attn.q_proj"), q_out, h, bias, dtype)?,
+                k: Linear::load(w, &format!("{p}.self_attn.k_proj"), kv_out, h, bias, dtype)?,
+                v: Linear::load(w, &format!("{p}.self_attn.v_proj"), kv_out, h, bias, dtype)?,
+                o: Linear::load(w, &format!("{p}.self_attn.o_proj"), h, q_out, false, dtype)?,
+                q_norm: if cfg.qk_norm {
+                    Some(w.get(&format!("{p}.self_attn.q_norm.weight"), &[hd], dtype)?)
+                } else {
+                    None
+                },
+                k_norm: if cfg.qk_norm {
+                    Some(w.get(&format!("{p}.self_attn.k_norm.weight"), &[hd], dtype)?)
+                } else {
+                    None
+                },
+                post_norm: w.get(&format!("{p}.post_attention_layernorm.weight"), &[h], dtype)?,
+                gate: Linear::load(w, &format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h, false, dtype)?,
+                up: Linear::load(w, &format!("{p}.mlp.up_proj"), cfg.intermediate_size, h, false, dtype)?,
+                down: Linear::load(w, &format!("{p}.mlp.down_proj"), h, cfg.intermediate_size, false, dtype)?,
+            });
+        }
+        let norm = w.get("model.norm.weight", &[h], dtype)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            w.get("lm_head.weight", &[cfg.vocab_size, h], dtype)?
+        };
+        let (cos, sin) = rope_tables(cfg, dtype, device)?;
+        Ok(Transformer {
+            cfg: cfg.clone(),
+            embed,
+            layers,
+            norm,
+            lm_head,
+            cos,
+            sin,
+            dtype,
+            device: device.clone(),
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The dtype the forward computes in.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The model's tensors under their Hugging Face names (shared, not copied).
+    pub fn weights(&self) -> Weights {
+        let mut w = Weights::default();
+        w.insert("model.embed_tokens.weight", self.embed.clone());
+        for (l, layer) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{l}");
+            w.insert(format!("{p}.input_layernorm.weight"), layer.input_norm.clone());
+            w.insert(format!("{p}.post_attention_layernorm.weight"), layer.post_norm.clone());
+            for (n, lin) in [
+                ("self_attn.q_proj", &layer.q),
+                ("self_attn.k_proj", &layer.k),
+                ("self_attn.v_proj", &layer.v),
+                ("self_attn.o_proj", &layer.o),
+                ("mlp.gate_proj", &layer.gate),
+                ("mlp.up_proj", &layer.up),
+                ("mlp.down_proj", &layer.down),
+            ] {
+                w.insert(format!("{p}.{n}.weight"), lin.w.clone());
+                if let Some(b) = &lin.b {
+                    w.insert(format!("{p}.{n}.bias"), b.clone());
+                }
+            }
+            if let Some(t) = &layer.q_norm {
+                w.insert(format!("{p}.self_attn.q_norm.weight"), t.clone());
+            }
+            if let Some(t) = &layer.k_norm {
+                w.insert(format!("{p}.self_attn.k_norm.weight"), t.clone());
+            }
+        }
+        w.insert("model.norm.weight", self.norm.clone());
+        if !self.cfg.tie_word_embeddings {
+            w.insert("lm_head.weight", self.lm_head.clone());
+        }
+        w
+    }
+
+    /// Full-sequence logits `[T, vocab]` for one sequence from position 0 (inference kernels).
+    pub fn forward_logits(&self, tokens: &[u32]) -> Result<Tensor> {
+        let chunk = Chunk {
+            tokens,
+            start_pos: 0,
+        };
+        self.forward(&[chunk], None, Logits::All, true)
+    }
+
+    /// The packed forward. With `caches`, chunk `i` continues the sequence cached in
+    /// `caches[i]` (whose length must equal the chunk's `start_pos`) and appends to it.
+    /// `fused` selects candle's fast kernels, which have no backward pass: pass `false` when
+    /// gradients are needed.
+    pub fn forward(
+        &self,
+        chunks: &[Chunk<'_>],
+        mut caches: Option<&mut [&mut KvCache]>,
+        logits: Logits,
+        fused: bool,
+    ) -> Result<Tensor> {
+        if chunks.is_empty() {
+            return Err(ModelError::InvalidRequest("forward of an empty batch".into()));
+        }
+        if let Some(c) = caches.as_deref() {
+            if c.len() != chunks.len() {
+                return Err(ModelError::InvalidRequest(format!(
+                    "{} chunks but {} caches",
+                    chunks.len(),
+                    c.len()
+                )));
+            }
+        }
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut spans = Vec::with_capacity(chunks.len());
+        for (i, ch) in chunks.iter().enumerate() {
+            if ch.tokens.is_empty() {
+                return Err(ModelError::InvalidRequest(format!("chunk {i} is empty")));
+            }
+            if let Some(c) = caches.as_deref() {
+                if c[i].len() != ch.start_pos {
+                    return Err(ModelError::InvalidRequest(format!(
+                        "chunk {i} starts at {} but its cache holds {}",
+                        ch.start_pos,
+                        c[i].len()
+                    )));
+                }
+            }
+            let end = ch.start_pos + ch.tokens.len();
+            if end > self.cfg.max_position_embeddings {
+                return Err(ModelError::InvalidRequest(format!(
+                    "sequence reaches position {end}, beyond max_position_embeddings = {}",
+                    self.cfg.max_position_embeddings
+                )));
+            }
+            if let Some(&bad) = ch.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+                return Err(ModelError::InvalidRequest(format!(
+                    "token id {bad} is outside the vocabulary of {}",
+                    self.cfg.vocab_size
+                )));
+            }
+            spans.push((ids.len(), ch.tokens.len(), ch.start_pos));
+            ids.extend_from_slice(ch.tokens);
+            positions.extend((ch.start_pos..end).map(|p| p as u32));
+        }
+        let n = ids.len();
+        let ids = Tensor::from_vec(ids, n, &self.device)?;
+        let pos = Tensor::from_vec(positions, n, &self.device)?;
+        let cos = self.cos.index_select(&pos, 0)?;
+        let sin = self.sin.index_select(&pos, 0)?;
+
+        let cfg = &self.cfg;
+        let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+        let eps = cfg.rms_norm_eps;
+        let mut x = self.embed.index_select(&ids, 0)?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let hn = ops::rms_norm(&x, &layer.input_norm, eps, fused)?;
+            let mut q = layer.q.forward(&hn)?.reshape((n, nh, hd))?;
+            let mut k = layer.k.forward(&hn)?.reshape((n, nkv, hd))?;
+            let v = layer.v.forward(&hn)?.reshape((n, nkv, hd))?;
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                q = ops::rms_norm(&q, qn, eps, fused)?;
+                k = ops::rms_norm(&k, kn, eps, fused)?;
+            }
+            let q = ops::rope(&q, &cos, &sin, fused)?;
+            let k = ops::rope(&k, &cos, &sin, fused)?;
+            let mut outs = Vec::with_capacity(spans.len());
+            for (ci, &(off, t, start)) in spans.iter().enumerate() {
+                let qc = q.narrow(0, off, t)?.transpose(0, 1)?.contiguous()?;
+                let kc = k.narrow(0, off, t)?.transpose(0, 1)?.contiguous()?;
+                let vc = v.narrow(0, off, t)?.transpose(0, 1)?.contiguous()?;
+                let (kc, vc) = match caches.as_deref_mut() {
+                    Some(c) => c[ci].append(li, &kc, &vc)?,
+                    None => (kc, vc),
+                };
+                outs.push(self.attend(&qc, &kc, &vc, start, fused)?);
+            }
+            let attn = if outs.len() == 1 {
+                outs.pop().ok_or_else(|| ModelError::InvalidRequest("no chunk".into()))?
+            } else {
+                Tensor::cat(&outs, 0)?
+            };
+            x = (x + layer.o.forward(&attn)?)?;
+            let hn = ops::rms_norm(&x, &layer.post_norm, eps, fused)?;
+            let mlp = layer.down.forward(&ops::swiglu(&layer.gate.forward(&hn)?, &layer.up.forward(&hn)?)?)?;
+            x = (x + mlp)?;
+        }
+        if let Some(c) = caches {
+            for (cache, &(_, t, _)) in c.iter_mut().zip(&spans) {
+                cache.len += t;
+            }
+        }
+        let x = match logits {
+            Logits::All => x,
+            Logits::LastOfEachChunk => {
+                let last: Vec<u32> = spans.iter().map(|&(o, t, _)| (o + t - 1) as u32).collect();
+                let idx = Tensor::from_vec(last, spans.len(), &self.device)?;
+                x.index_select(&idx, 0)?
+            }
+        };
+        let x = ops::rms_norm(&x, &self.norm, eps, fused)?;
+        Ok(x.matmul(&self.lm_head.t()?)?)
+    }
+
+    /// Causal attention of one chunk. `q: [heads, t, hd]`, `k, v: [kv_heads, L, hd]` where the
+    /// chunk's queries sit at the last `t` of the `L` key positions. Grouped-query attention is
+    /// a reshape, not a copy: query heads `g·r .. g·r + r` share kv head `g`, as in `repeat_kv`.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, start: usize, fused: bool) -> Result<Tensor> {
+        let (nh, t, hd) = q.dims3()?;
+        let (nkv, l, _) = k.dims3()?;
+        let rep = nh / nkv;
+        let q = q.reshape((nkv, rep * t, hd))?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut scores = (q.matmul(&k.t()?)? * scale)?;
+        if t > 1 {
+            // Query i (at position start + i) sees keys 0 ..= start + i.
+            let past = l - t;
+            debug_assert_eq!(past, if l == t { 0 } else { start });
+            let mask: Vec<f32> = (0..t)
+                .flat_map(|i| (0..l).map(move |j| if j > past + i { f32::NEG_INFINITY } else { 0.0 }))
+                .collect();
+            let mask = Tensor::from_vec(mask, (t, l), &self.device)?.to_dtype(self.dtype)?;
+            scores = scores
+                .reshape((nkv, rep, t, l))?
+                .broadcast_add(&mask)?
+                .reshape((nkv, rep * t, l))?;
+        }
+        let p = ops::softmax_last_dim(&scores, fused)?;
+        let out = p.matmul(v)?.reshape((nh, t, hd))?;
+        Ok(out.transpose(0, 1)?.reshape((t, nh * hd))?)
+    }
+}
+
+fn rope_tables(cfg: &ModelConfig, dtype: DType, device: &Device) -> Result<(Tensor, Tensor)> {
+    let half = cfg.head_dim / 2;
+    let max = cfg.max_position_embeddings;
+    let mut cos = Vec::with_capacity(max * half);
+    let mut sin = Vec::with_capacity(max * half);
+    for p in 0..max {
+        for i in 0..half {
+            let inv_freq = 1.0 / cfg.rope_theta.powf((2 * i) as f64 / cfg.head_dim as f64);
+            let a = p as f64 * inv_freq;
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+    }
+    let cos = Tensor::from_vec(cos, (max, half), device)?.to_dtype(dtype)?;
+    let sin = Tensor::from_vec(sin, (max, half), device)?.to_dtype(dtype)?;
+    Ok((cos, sin))
+}

@@ -1,1 +1,320 @@
-//! placeholder, being written in another worktree
+//! The training side of the engine: trainable parameters, per-token log-probs and entropy from
+//! the differentiable forward, AdamW with gradient clipping and a warm-up + cosine schedule,
+//! gradient accumulation over micro-batches.
+
+use std::collections::HashMap;
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use serde::{Deserialize, Serialize};
+
+use crate::config::ModelConfig;
+use crate::model::{Chunk, Logits, Transformer};
+use crate::ops;
+use crate::weights::Weights;
+use crate::{ModelError, Result};
+
+/// A model whose parameters are candle `Var`s, so a loss over its forward can be
+/// differentiated with respect to every one of them.
+#[derive(Debug)]
+pub struct TrainableModel {
+    cfg: ModelConfig,
+    /// Sorted by name, so optimizer state and gradient norms iterate deterministically.
+    vars: Vec<(String, Var)>,
+    model: Transformer,
+}
+
+impl TrainableModel {
+    /// Makes every tensor of `weights` a trainable variable (copied: `weights` is not changed
+    /// by later optimizer steps).
+    pub fn new(cfg: &ModelConfig, weights: &Weights, dtype: DType, device: &Device) -> Result<Self> {
+        let mut vars = Vec::new();
+        let mut as_tensors = Weights::default();
+        for name in weights.names() {
+            let t = weights
+                .tensors()
+                .get(name)
+                .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
+            let var = Var::from_tensor(&t.to_dtype(dtype)?.to_device(device)?.copy()?)?;
+            as_tensors.insert(name, var.as_tensor().clone());
+            vars.push((name.to_string(), var));
+        }
+        let model = Transformer::from_weights(cfg, &as_tensors, dtype, device)?;
+        // A weight the model does not use would never get a gradient; refuse it up front.
+        let used = model.weights();
+        if let Some((name, _)) = vars.iter().find(|(n, _)| !used.contains(n)) {
+            return Err(ModelError::Config {
+                field: name.clone(),
+                reason: "tensor is not used by this architecture".into(),
+            });
+        }
+        Ok(TrainableModel {
+            cfg: cfg.clone(),
+            vars,
+            model,
+        })
+    }
+
+    /// The model; its forward records gradients for the variables.
+    pub fn model(&self) -> &Transformer {
+        &self.model
+    }
+
+    /// The config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The trainable variables, sorted by name.
+    pub fn vars(&self) -> &[(String, Var)] {
+        &self.vars
+    }
+
+    /// An independent inference copy of the current weights (for publishing to engines:
+    /// later optimizer steps do not change it).
+    pub fn snapshot(&self) -> Result<Transformer> {
+        let w = self.model.weights().deep_copy()?;
+        Transformer::from_weights(&self.cfg, &w, self.model.dtype(), self.model.device())
+    }
+
+    /// The current weights (shared, not copied).
+    pub fn weights(&self) -> Weights {
+        self.model.weights()
+    }
+}
+
+/// Per-token statistics of a packed batch of sequences, aligned with the tokens: entry `i` of
+/// sequence `s` is about token `i` given tokens `< i`; entry 0 of every sequence is 0.
+#[derive(Debug)]
+pub struct TokenStats {
+    /// `log softmax(logits / temperature)` at the actual token, `[total_tokens]`.
+    pub logprobs: Tensor,
+    /// Entropy of the predictive distribution for that token, `[total_tokens]`.
+    pub entropy: Tensor,
+    /// Start offset of each sequence in the packed layout, plus the total at the end.
+    pub offsets: Vec<usize>,
+}
+
+/// Log-probs and entropies of full sequences under `model` (differentiable unless `fused`).
+pub fn token_stats(model: &Transformer, sequences: &[&[u32]], temperature: f64, fused: bool) -> Result<TokenStats> {
+    if !(temperature > 0.0) {
+        return Err(ModelError::InvalidRequest(format!(
+            "temperature must be positive for log-probs, got {temperature}"
+        )));
+    }
+    let chunks: Vec<Chunk<'_>> = sequences
+        .iter()
+        .map(|s| Chunk {
+            tokens: s,
+            start_pos: 0,
+        })
+        .collect();
+    let mut offsets = Vec::with_capacity(sequences.len() + 1);
+    let mut targets = Vec::new();
+    let mut keep = Vec::new();
+    let mut off = 0;
+    for s in sequences {
+        offsets.push(off);
+        // Row j predicts token j + 1; the last row of a sequence predicts nothing.
+        for j in 0..s.len() {
+            targets.push(if j + 1 < s.len() { s[j + 1] } else { 0 });
+        }
+        // Token i's value comes from row i - 1; token 0 of each sequence has none.
+        for i in 0..s.len() {
+            keep.push(if i == 0 { 0.0f32 } else { 1.0 });
+        }
+        off += s.len();
+    }
+    offsets.push(off);
+    let n = off;
+    let device = model.device();
+    let logits = model.forward(&chunks, None, Logits::All, fused)?;
+    let logits = if temperature != 1.0 {
+        (logits / temperature)?
+    } else {
+        logits
+    };
+    let logp = ops::log_softmax_last_dim(&logits)?;
+    let tgt = Tensor::from_vec(targets, (n, 1), device)?;
+    let row_lp = logp.gather(&tgt, 1)?.squeeze(1)?;
+    let row_ent = (logp.exp()? * &logp)?.sum(1)?.neg()?;
+    let keep = Tensor::from_vec(keep, n, device)?.to_dtype(model.dtype())?;
+    let shift = |x: &Tensor| -> Result<Tensor> {
+        let zero = Tensor::zeros(1, x.dtype(), device)?;
+        let shifted = if n > 1 {
+            Tensor::cat(&[&zero, &x.narrow(0, 0, n - 1)?], 0)?
+        } else {
+            zero
+        };
+        Ok((shifted * &keep)?)
+    };
+    Ok(TokenStats {
+        logprobs: shift(&row_lp)?,
+        entropy: shift(&row_ent)?,
+        offsets,
+    })
+}
+
+/// AdamW hyper-parameters and the learning-rate schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimizerConfig {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// Decoupled weight decay (applied to matrices; norms and biases are exempt).
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this (None = no clipping).
+    pub max_grad_norm: Option<f64>,
+    /// Linear warm-up from 0 over this many steps.
+    pub warmup_steps: usize,
+    /// Cosine decay to `min_lr_ratio · lr` at this step (0 = constant after warm-up).
+    pub total_steps: usize,
+    pub min_lr_ratio: f64,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        OptimizerConfig {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            max_grad_norm: Some(1.0),
+            warmup_steps: 0,
+            total_steps: 0,
+            min_lr_ratio: 0.1,
+        }
+    }
+}
+
+impl OptimizerConfig {
+    /// Learning rate at (0-based) step `step`.
+    pub fn lr_at(&self, step: usize) -> f64 {
+        if self.warmup_steps > 0 && step < self.warmup_steps {
+            return self.lr * (step + 1) as f64 / self.warmup_steps as f64;
+        }
+        if self.total_steps == 0 || self.total_steps <= self.warmup_steps {
+            return self.lr;
+        }
+        let progress = ((step - self.warmup_steps) as f64
+            / (self.total_steps - self.warmup_steps) as f64)
+            .min(1.0);
+        let cos = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
+        self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cos)
+    }
+}
+
+/// Gradients summed over micro-batches, keyed by parameter name.
+#[derive(Debug, Default)]
+pub struct GradAccumulator {
+    grads: HashMap<String, Tensor>,
+    micro_batches: usize,
+}
+
+impl GradAccumulator {
+    /// Adds the gradients of one micro-batch's backward pass.
+    pub fn add(&mut self, model: &TrainableModel, grads: &GradStore) -> Result<()> {
+        for (name, var) in model.vars() {
+            if let Some(g) = grads.get(var.as_tensor()) {
+                let g = g.detach();
+                let sum = match self.grads.remove(name) {
+                    Some(prev) => (prev + g)?,
+                    None => g,
+                };
+                self.grads.insert(name.clone(), sum);
+            }
+        }
+        self.micro_batches += 1;
+        Ok(())
+    }
+
+    /// Number of micro-batches added.
+    pub fn micro_batches(&self) -> usize {
+        self.micro_batches
+    }
+
+    /// The accumulated gradient of one parameter.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.grads.get(name)
+    }
+
+    /// Global L2 norm of the accumulated gradients.
+    pub fn norm(&self) -> Result<f64> {
+        let mut total = 0.0f64;
+        for g in self.grads.values() {
+            total += g.to_dtype(DType::F64)?.sqr()?.sum_all()?.to_scalar::<f64>()?;
+        }
+        Ok(total.sqrt())
+    }
+}
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepStats {
+    pub lr: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+}
+
+/// AdamW (decoupled weight decay, Loshchilov & Hutter) with bias correction, matching
+/// `torch.optim.AdamW`.
+#[derive(Debug)]
+pub struct AdamW {
+    cfg: OptimizerConfig,
+    step: usize,
+    /// First and second moments per parameter name.
+    state: HashMap<String, (Tensor, Tensor)>,
+}
+
+impl AdamW {
+    /// A fresh optimizer.
+    pub fn new(cfg: OptimizerConfig) -> Self {
+        AdamW {
+            cfg,
+            step: 0,
+            state: HashMap::new(),
+        }
+    }
+
+    /// Steps taken so far.
+    pub fn steps_taken(&self) -> usize {
+        self.step
+    }
+
+    /// Applies accumulated gradients to the model's variables in place.
+    pub fn step(&mut self, model: &TrainableModel, grads: &GradAccumulator) -> Result<StepStats> {
+        let lr = self.cfg.lr_at(self.step);
+        let grad_norm = grads.norm()?;
+        let clip = match self.cfg.max_grad_norm {
+            Some(max) if grad_norm > max && grad_norm > 0.0 => max / grad_norm,
+            _ => 1.0,
+        };
+        self.step += 1;
+        let t = self.step as i32;
+        let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
+        let bc1 = 1.0 - b1.powi(t);
+        let bc2 = 1.0 - b2.powi(t);
+        for (name, var) in model.vars() {
+            let Some(g) = grads.get(name) else { continue };
+            let g = if clip != 1.0 { (g * clip)? } else { g.clone() };
+            let (m, v) = match self.state.remove(name) {
+                Some(s) => s,
+                None => (g.zeros_like()?, g.zeros_like()?),
+            };
+            let m = ((m * b1)? + (&g * (1.0 - b1))?)?;
+            let v = ((v * b2)? + (g.sqr()? * (1.0 - b2))?)?;
+            let m_hat = (&m / bc1)?;
+            let v_hat = (&v / bc2)?;
+            let update = (m_hat / (v_hat.sqrt()? + self.cfg.eps)?)?;
+            let w = var.as_tensor().detach();
+            let decay = if w.rank() >= 2 { self.cfg.weight_decay } else { 0.0 };
+            let new_w = ((w * (1.0 - lr * decay))? - (update * lr)?)?;
+            var.set(&new_w)?;
+            self.state.insert(name.clone(), (m, v));
+        }
+        Ok(StepStats { lr, grad_norm })
+    }
+}
