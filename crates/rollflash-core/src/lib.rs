@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 
 /// A policy version: bumped by every optimizer step. Weights on every backend carry one, and
 /// every generated token records the version that produced it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 pub struct PolicyVersion(pub u64);
 
 impl PolicyVersion {

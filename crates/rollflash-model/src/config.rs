@@ -113,7 +113,9 @@ fn need<T>(v: Option<T>, field: &str) -> Result<T> {
 
 fn token_ids(v: &Option<serde_json::Value>) -> Vec<u32> {
     match v {
-        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(serde_json::Value::Number(n)) => {
+            n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
+        }
         Some(serde_json::Value::Array(a)) => a
             .iter()
             .filter_map(|x| x.as_u64().map(|x| x as u32))
@@ -163,9 +165,7 @@ impl ModelConfig {
             rope_theta: hf.rope_theta.unwrap_or(10_000.0),
             max_position_embeddings: hf.max_position_embeddings.unwrap_or(4096),
             tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
-            attention_bias: hf
-                .attention_bias
-                .unwrap_or(matches!(arch, Arch::Qwen2)),
+            attention_bias: hf.attention_bias.unwrap_or(matches!(arch, Arch::Qwen2)),
             qk_norm: matches!(arch, Arch::Qwen3),
             bos_token_id: token_ids(&hf.bos_token_id).first().copied(),
             eos_token_ids: token_ids(&hf.eos_token_id),
@@ -220,7 +220,10 @@ impl ModelConfig {
                 return bad(field, "must be positive".into());
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return bad(
                 "num_key_value_heads",
                 format!(
@@ -229,7 +232,7 @@ impl ModelConfig {
                 ),
             );
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad("head_dim", "must be even for rotary embeddings".into());
         }
         if !(self.rms_norm_eps > 0.0) {

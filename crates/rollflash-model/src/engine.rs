@@ -169,7 +169,10 @@ impl Engine {
     pub fn submit(&mut self, req: EngineRequest) -> Result<()> {
         req.params.validate()?;
         if req.prompt.is_empty() {
-            return Err(ModelError::InvalidRequest(format!("{}: empty prompt", req.id)));
+            return Err(ModelError::InvalidRequest(format!(
+                "{}: empty prompt",
+                req.id
+            )));
         }
         let ctx = self.model.config().max_position_embeddings;
         let resumed = req.resume.as_ref().map_or(0, Generated::len);
@@ -262,18 +265,25 @@ impl Engine {
         let mut budget = self.cfg.max_prefill_tokens;
         let mut admitted_any = false;
         while self.running.len() < self.cfg.max_running_requests {
-            let Some(front) = self.waiting.front() else { break };
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
             let cost = front.prompt.len() + front.resume.as_ref().map_or(0, Generated::len);
             if admitted_any && cost > budget {
                 break;
             }
-            let Some(req) = self.waiting.pop_front() else { break };
+            let Some(req) = self.waiting.pop_front() else {
+                break;
+            };
             budget = budget.saturating_sub(cost);
             admitted_any = true;
             let out = req.resume.clone().unwrap_or_default();
             let mut pending = req.prompt.clone();
             pending.extend_from_slice(&out.tokens);
-            let seed = req.params.seed.unwrap_or(req.id.0.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let seed = req
+                .params
+                .seed
+                .unwrap_or(req.id.0.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             self.running.push(Running {
                 cache: KvCache::new(self.model.config().num_hidden_layers),
                 req,

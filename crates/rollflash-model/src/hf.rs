@@ -42,7 +42,10 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig> {
             what: "model directory",
         });
     }
-    ModelConfig::from_hf_json(&read_text(&dir.join("config.json"), "model config (config.json)")?)
+    ModelConfig::from_hf_json(&read_text(
+        &dir.join("config.json"),
+        "model config (config.json)",
+    )?)
 }
 
 /// The safetensors files of a directory: `model.safetensors`, or the shards listed in
@@ -111,16 +114,22 @@ pub fn load_dir(dir: &Path, dtype: DType, device: &Device) -> Result<LoadedModel
 
 /// Writes `config.json` and `model.safetensors` (and the tokenizer, if given) so the directory
 /// loads back with [`load_dir`] and with `transformers`.
-pub fn save_dir(dir: &Path, config: &ModelConfig, weights: &Weights, tokenizer: Option<&Tokenizer>) -> Result<()> {
+pub fn save_dir(
+    dir: &Path,
+    config: &ModelConfig,
+    weights: &Weights,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| ModelError::Io {
         path: dir.to_path_buf(),
         source,
     })?;
     let cfg_path = dir.join("config.json");
-    let text = serde_json::to_string_pretty(&config.to_hf_json()).map_err(|source| ModelError::Json {
-        path: cfg_path.clone(),
-        source,
-    })?;
+    let text =
+        serde_json::to_string_pretty(&config.to_hf_json()).map_err(|source| ModelError::Json {
+            path: cfg_path.clone(),
+            source,
+        })?;
     std::fs::write(&cfg_path, text).map_err(|source| ModelError::Io {
         path: cfg_path,
         source,

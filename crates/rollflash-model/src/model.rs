@@ -102,7 +102,14 @@ struct Linear {
 }
 
 impl Linear {
-    fn load(w: &Weights, name: &str, out: usize, inp: usize, bias: bool, dt: DType) -> Result<Self> {
+    fn load(
+        w: &Weights,
+        name: &str,
+        out: usize,
+        inp: usize,
+        bias: bool,
+        dt: DType,
+    ) -> Result<Self> {
         Ok(Linear {
             w: w.get(&format!("{name}.weight"), &[out, inp], dt)?,
             b: if bias {
@@ -156,7 +163,12 @@ pub struct Transformer {
 impl Transformer {
     /// Builds the model from named weights (cast to `dtype`); every tensor's shape is checked
     /// against `cfg`.
-    pub fn from_weights(cfg: &ModelConfig, w: &Weights, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn from_weights(
+        cfg: &ModelConfig,
+        w: &Weights,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         cfg.validate()?;
         let h = cfg.hidden_size;
         let hd = cfg.head_dim;
@@ -184,9 +196,30 @@ impl Transformer {
                     None
                 },
                 post_norm: w.get(&format!("{p}.post_attention_layernorm.weight"), &[h], dtype)?,
-                gate: Linear::load(w, &format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h, false, dtype)?,
-                up: Linear::load(w, &format!("{p}.mlp.up_proj"), cfg.intermediate_size, h, false, dtype)?,
-                down: Linear::load(w, &format!("{p}.mlp.down_proj"), h, cfg.intermediate_size, false, dtype)?,
+                gate: Linear::load(
+                    w,
+                    &format!("{p}.mlp.gate_proj"),
+                    cfg.intermediate_size,
+                    h,
+                    false,
+                    dtype,
+                )?,
+                up: Linear::load(
+                    w,
+                    &format!("{p}.mlp.up_proj"),
+                    cfg.intermediate_size,
+                    h,
+                    false,
+                    dtype,
+                )?,
+                down: Linear::load(
+                    w,
+                    &format!("{p}.mlp.down_proj"),
+                    h,
+                    cfg.intermediate_size,
+                    false,
+                    dtype,
+                )?,
             });
         }
         let norm = w.get("model.norm.weight", &[h], dtype)?;
@@ -230,8 +263,14 @@ impl Transformer {
         w.insert("model.embed_tokens.weight", self.embed.clone());
         for (l, layer) in self.layers.iter().enumerate() {
             let p = format!("model.layers.{l}");
-            w.insert(format!("{p}.input_layernorm.weight"), layer.input_norm.clone());
-            w.insert(format!("{p}.post_attention_layernorm.weight"), layer.post_norm.clone());
+            w.insert(
+                format!("{p}.input_layernorm.weight"),
+                layer.input_norm.clone(),
+            );
+            w.insert(
+                format!("{p}.post_attention_layernorm.weight"),
+                layer.post_norm.clone(),
+            );
             for (n, lin) in [
                 ("self_attn.q_proj", &layer.q),
                 ("self_attn.k_proj", &layer.k),
@@ -281,7 +320,9 @@ impl Transformer {
         fused: bool,
     ) -> Result<Tensor> {
         if chunks.is_empty() {
-            return Err(ModelError::InvalidRequest("forward of an empty batch".into()));
+            return Err(ModelError::InvalidRequest(
+                "forward of an empty batch".into(),
+            ));
         }
         if let Some(c) = caches.as_deref() {
             if c.len() != chunks.len() {
@@ -315,7 +356,11 @@ impl Transformer {
                     self.cfg.max_position_embeddings
                 )));
             }
-            if let Some(&bad) = ch.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            if let Some(&bad) = ch
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= self.cfg.vocab_size)
+            {
                 return Err(ModelError::InvalidRequest(format!(
                     "token id {bad} is outside the vocabulary of {}",
                     self.cfg.vocab_size
@@ -331,8 +376,19 @@ impl Transformer {
         let cos = self.cos.index_select(&pos, 0)?;
         let sin = self.sin.index_select(&pos, 0)?;
 
+        // Without caches every chunk attends only to itself: run them as one padded batch
+        // (one set of ops per layer instead of one per chunk — what makes training fast).
+        let padded = if caches.is_none() && spans.len() > 1 {
+            Some(Padding::new(&spans, &self.device, self.dtype)?)
+        } else {
+            None
+        };
         let cfg = &self.cfg;
-        let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+        let (nh, nkv, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
         let eps = cfg.rms_norm_eps;
         let mut x = self.embed.index_select(&ids, 0)?;
         for (li, layer) in self.layers.iter().enumerate() {
@@ -346,25 +402,34 @@ impl Transformer {
             }
             let q = ops::rope(&q, &cos, &sin, fused)?;
             let k = ops::rope(&k, &cos, &sin, fused)?;
-            let mut outs = Vec::with_capacity(spans.len());
-            for (ci, &(off, t, start)) in spans.iter().enumerate() {
-                let qc = q.narrow(0, off, t)?.transpose(0, 1)?.contiguous()?;
-                let kc = k.narrow(0, off, t)?.transpose(0, 1)?.contiguous()?;
-                let vc = v.narrow(0, off, t)?.transpose(0, 1)?.contiguous()?;
-                let (kc, vc) = match caches.as_deref_mut() {
-                    Some(c) => c[ci].append(li, &kc, &vc)?,
-                    None => (kc, vc),
-                };
-                outs.push(self.attend(&qc, &kc, &vc, start, fused)?);
-            }
-            let attn = if outs.len() == 1 {
-                outs.pop().ok_or_else(|| ModelError::InvalidRequest("no chunk".into()))?
-            } else {
-                Tensor::cat(&outs, 0)?
+            let attn = match (caches.as_deref_mut(), &padded) {
+                (None, Some(pad)) => self.attend_padded(&q, &k, &v, pad, fused)?,
+                (mut caches, _) => {
+                    let mut outs = Vec::with_capacity(spans.len());
+                    for (ci, &(off, t, start)) in spans.iter().enumerate() {
+                        let qc = q.narrow(0, off, t)?.transpose(0, 1)?.contiguous()?;
+                        let kc = k.narrow(0, off, t)?.transpose(0, 1)?.contiguous()?;
+                        let vc = v.narrow(0, off, t)?.transpose(0, 1)?.contiguous()?;
+                        let (kc, vc) = match caches.as_deref_mut() {
+                            Some(c) => c[ci].append(li, &kc, &vc)?,
+                            None => (kc, vc),
+                        };
+                        outs.push(self.attend(&qc, &kc, &vc, start, fused)?);
+                    }
+                    if outs.len() == 1 {
+                        outs.pop()
+                            .ok_or_else(|| ModelError::InvalidRequest("no chunk".into()))?
+                    } else {
+                        Tensor::cat(&outs, 0)?
+                    }
+                }
             };
             x = (x + layer.o.forward(&attn)?)?;
             let hn = ops::rms_norm(&x, &layer.post_norm, eps, fused)?;
-            let mlp = layer.down.forward(&ops::swiglu(&layer.gate.forward(&hn)?, &layer.up.forward(&hn)?)?)?;
+            let mlp = layer.down.forward(&ops::swiglu(
+                &layer.gate.forward(&hn)?,
+                &layer.up.forward(&hn)?,
+            )?)?;
             x = (x + mlp)?;
         }
         if let Some(c) = caches {
@@ -384,10 +449,53 @@ impl Transformer {
         Ok(x.matmul(&self.lm_head.t()?)?)
     }
 
+    /// Causal attention of several independent chunks as one padded batch `[B, heads, T, hd]`.
+    fn attend_padded(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        pad: &Padding,
+        fused: bool,
+    ) -> Result<Tensor> {
+        let (_, nh, hd) = q.dims3()?;
+        let nkv = k.dim(1)?;
+        let rep = nh / nkv;
+        let (b, t) = (pad.batch, pad.max_len);
+        let to_batch = |x: &Tensor, heads: usize| -> Result<Tensor> {
+            Ok(x.index_select(&pad.gather, 0)?
+                .reshape((b, t, heads, hd))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let q = to_batch(q, nh)?.reshape((b, nkv, rep * t, hd))?;
+        let k = to_batch(k, nkv)?;
+        let v = to_batch(v, nkv)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?
+            .reshape((b, nkv, rep, t, t))?
+            .broadcast_add(&pad.mask)?
+            .reshape((b, nkv, rep * t, t))?;
+        let p = ops::softmax_last_dim(&scores, fused)?;
+        let out = p
+            .matmul(&v)?
+            .reshape((b, nh, t, hd))?
+            .transpose(1, 2)?
+            .reshape((b * t, nh * hd))?;
+        Ok(out.index_select(&pad.scatter, 0)?)
+    }
+
     /// Causal attention of one chunk. `q: [heads, t, hd]`, `k, v: [kv_heads, L, hd]` where the
     /// chunk's queries sit at the last `t` of the `L` key positions. Grouped-query attention is
     /// a reshape, not a copy: query heads `g·r .. g·r + r` share kv head `g`, as in `repeat_kv`.
-    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, start: usize, fused: bool) -> Result<Tensor> {
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        start: usize,
+        fused: bool,
+    ) -> Result<Tensor> {
         let (nh, t, hd) = q.dims3()?;
         let (nkv, l, _) = k.dims3()?;
         let rep = nh / nkv;
@@ -399,7 +507,9 @@ impl Transformer {
             let past = l - t;
             debug_assert_eq!(past, if l == t { 0 } else { start });
             let mask: Vec<f32> = (0..t)
-                .flat_map(|i| (0..l).map(move |j| if j > past + i { f32::NEG_INFINITY } else { 0.0 }))
+                .flat_map(|i| {
+                    (0..l).map(move |j| if j > past + i { f32::NEG_INFINITY } else { 0.0 })
+                })
                 .collect();
             let mask = Tensor::from_vec(mask, (t, l), &self.device)?.to_dtype(self.dtype)?;
             scores = scores
@@ -410,6 +520,49 @@ impl Transformer {
         let p = ops::softmax_last_dim(&scores, fused)?;
         let out = p.matmul(v)?.reshape((nh, t, hd))?;
         Ok(out.transpose(0, 1)?.reshape((t, nh * hd))?)
+    }
+}
+
+/// Index maps between the packed layout and a padded `[B, T]` batch, and the attention mask.
+struct Padding {
+    batch: usize,
+    max_len: usize,
+    /// For each padded slot, the packed row it reads (pads repeat a real row; they are masked).
+    gather: Tensor,
+    /// For each packed row, its padded slot.
+    scatter: Tensor,
+    /// `[B, 1, 1, T, T]`: 0 where query i may see key j (j ≤ i, j real), −∞ elsewhere.
+    mask: Tensor,
+}
+
+impl Padding {
+    fn new(spans: &[(usize, usize, usize)], device: &Device, dtype: DType) -> Result<Self> {
+        let b = spans.len();
+        let t = spans.iter().map(|s| s.1).max().unwrap_or(1);
+        let mut gather = Vec::with_capacity(b * t);
+        let mut scatter = Vec::new();
+        let mut mask = Vec::with_capacity(b * t * t);
+        for (bi, &(off, len, _)) in spans.iter().enumerate() {
+            for i in 0..t {
+                gather.push((off + i.min(len - 1)) as u32);
+                if i < len {
+                    scatter.push((bi * t + i) as u32);
+                }
+                for j in 0..t {
+                    // A pad query row still needs one visible key to keep softmax finite.
+                    let visible = j <= i.min(len - 1);
+                    mask.push(if visible { 0f32 } else { f32::NEG_INFINITY });
+                }
+            }
+        }
+        let n_scatter = scatter.len();
+        Ok(Padding {
+            batch: b,
+            max_len: t,
+            gather: Tensor::from_vec(gather, b * t, device)?,
+            scatter: Tensor::from_vec(scatter, n_scatter, device)?,
+            mask: Tensor::from_vec(mask, (b, 1, 1, t, t), device)?.to_dtype(dtype)?,
+        })
     }
 }
 

@@ -88,7 +88,11 @@ pub fn sample(logits: &[f32], params: &SamplingParams, seed: u64, index: u64) ->
     if logits.is_empty() {
         return Err(ModelError::InvalidRequest("empty logits".into()));
     }
-    let t = if params.temperature > 0.0 { params.temperature } else { 1.0 };
+    let t = if params.temperature > 0.0 {
+        params.temperature
+    } else {
+        1.0
+    };
     let scaled: Vec<f64> = logits.iter().map(|&l| l as f64 / t).collect();
     let max = scaled.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let lse = max + scaled.iter().map(|&s| (s - max).exp()).sum::<f64>().ln();
@@ -164,11 +168,18 @@ mod tests {
     #[test]
     fn top_k_one_is_greedy_and_seeded_draws_repeat() {
         let logits = [0.1, 0.3, 0.2, 0.0];
-        let p = SamplingParams { top_k: 1, ..Default::default() };
+        let p = SamplingParams {
+            top_k: 1,
+            ..Default::default()
+        };
         assert_eq!(sample(&logits, &p, 7, 3).unwrap().token, 1);
         let p = SamplingParams::default();
-        let a: Vec<u32> = (0..20).map(|i| sample(&logits, &p, 9, i).unwrap().token).collect();
-        let b: Vec<u32> = (0..20).map(|i| sample(&logits, &p, 9, i).unwrap().token).collect();
+        let a: Vec<u32> = (0..20)
+            .map(|i| sample(&logits, &p, 9, i).unwrap().token)
+            .collect();
+        let b: Vec<u32> = (0..20)
+            .map(|i| sample(&logits, &p, 9, i).unwrap().token)
+            .collect();
         assert_eq!(a, b);
         assert!(a.iter().any(|&t| t != a[0]), "a fair sampler varies: {a:?}");
     }
@@ -177,7 +188,10 @@ mod tests {
     fn top_p_excludes_the_tail() {
         // p ≈ [0.87, 0.12, 0.005, ...]: top_p = 0.5 keeps only the first.
         let logits = [5.0, 3.0, 0.0, 0.0];
-        let p = SamplingParams { top_p: 0.5, ..Default::default() };
+        let p = SamplingParams {
+            top_p: 0.5,
+            ..Default::default()
+        };
         for i in 0..50 {
             assert_eq!(sample(&logits, &p, 1, i).unwrap().token, 0);
         }

@@ -27,7 +27,12 @@ pub struct TrainableModel {
 impl TrainableModel {
     /// Makes every tensor of `weights` a trainable variable (copied: `weights` is not changed
     /// by later optimizer steps).
-    pub fn new(cfg: &ModelConfig, weights: &Weights, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn new(
+        cfg: &ModelConfig,
+        weights: &Weights,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let mut vars = Vec::new();
         let mut as_tensors = Weights::default();
         for name in weights.names() {
@@ -96,7 +101,12 @@ pub struct TokenStats {
 }
 
 /// Log-probs and entropies of full sequences under `model` (differentiable unless `fused`).
-pub fn token_stats(model: &Transformer, sequences: &[&[u32]], temperature: f64, fused: bool) -> Result<TokenStats> {
+pub fn token_stats(
+    model: &Transformer,
+    sequences: &[&[u32]],
+    temperature: f64,
+    fused: bool,
+) -> Result<TokenStats> {
     if !(temperature > 0.0) {
         return Err(ModelError::InvalidRequest(format!(
             "temperature must be positive for log-probs, got {temperature}"
@@ -245,7 +255,11 @@ impl GradAccumulator {
     pub fn norm(&self) -> Result<f64> {
         let mut total = 0.0f64;
         for g in self.grads.values() {
-            total += g.to_dtype(DType::F64)?.sqr()?.sum_all()?.to_scalar::<f64>()?;
+            total += g
+                .to_dtype(DType::F64)?
+                .sqr()?
+                .sum_all()?
+                .to_scalar::<f64>()?;
         }
         Ok(total.sqrt())
     }
@@ -310,7 +324,11 @@ impl AdamW {
             let v_hat = (&v / bc2)?;
             let update = (m_hat / (v_hat.sqrt()? + self.cfg.eps)?)?;
             let w = var.as_tensor().detach();
-            let decay = if w.rank() >= 2 { self.cfg.weight_decay } else { 0.0 };
+            let decay = if w.rank() >= 2 {
+                self.cfg.weight_decay
+            } else {
+                0.0
+            };
             let new_w = ((w * (1.0 - lr * decay))? - (update * lr)?)?;
             var.set(&new_w)?;
             self.state.insert(name.clone(), (m, v));

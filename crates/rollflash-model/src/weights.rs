@@ -173,25 +173,57 @@ fn tensor_specs(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, Init)> {
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         v.push((format!("{p}.input_layernorm.weight"), vec![h], Init::Ones));
-        v.push((format!("{p}.post_attention_layernorm.weight"), vec![h], Init::Ones));
+        v.push((
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![h],
+            Init::Ones,
+        ));
         for (n, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
-            v.push((format!("{p}.self_attn.{n}.weight"), vec![out, h], Init::Normal));
+            v.push((
+                format!("{p}.self_attn.{n}.weight"),
+                vec![out, h],
+                Init::Normal,
+            ));
             if cfg.attention_bias {
                 v.push((format!("{p}.self_attn.{n}.bias"), vec![out], Init::Zeros));
             }
         }
-        v.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q], Init::Normal));
+        v.push((
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![h, q],
+            Init::Normal,
+        ));
         if cfg.qk_norm {
-            v.push((format!("{p}.self_attn.q_norm.weight"), vec![cfg.head_dim], Init::Ones));
-            v.push((format!("{p}.self_attn.k_norm.weight"), vec![cfg.head_dim], Init::Ones));
+            v.push((
+                format!("{p}.self_attn.q_norm.weight"),
+                vec![cfg.head_dim],
+                Init::Ones,
+            ));
+            v.push((
+                format!("{p}.self_attn.k_norm.weight"),
+                vec![cfg.head_dim],
+                Init::Ones,
+            ));
         }
-        v.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h], Init::Normal));
+        v.push((
+            format!("{p}.mlp.gate_proj.weight"),
+            vec![i, h],
+            Init::Normal,
+        ));
         v.push((format!("{p}.mlp.up_proj.weight"), vec![i, h], Init::Normal));
-        v.push((format!("{p}.mlp.down_proj.weight"), vec![h, i], Init::Normal));
+        v.push((
+            format!("{p}.mlp.down_proj.weight"),
+            vec![h, i],
+            Init::Normal,
+        ));
     }
     v.push(("model.norm.weight".to_string(), vec![h], Init::Ones));
     if !cfg.tie_word_embeddings {
-        v.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h], Init::Normal));
+        v.push((
+            "lm_head.weight".to_string(),
+            vec![cfg.vocab_size, h],
+            Init::Normal,
+        ));
     }
     v
 }

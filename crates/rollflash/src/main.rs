@@ -1,1 +1,68 @@
-fn main() {}
+//! The `rollflash` command line: the binary edge, where `anyhow` turns library errors into
+//! messages for people.
+
+mod bench;
+mod demo;
+mod generate;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// Asynchronous RL post-training for language models.
+#[derive(Debug, Parser)]
+#[command(name = "rollflash", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Train the built-in default policy.
+    ///
+    /// Today this runs the supervised warm-up of the built-in model on the built-in arithmetic
+    /// task and evaluates it with the generation engine (greedy accuracy before and after).
+    /// The asynchronous RL trainer builds on this warm-up.
+    Train(demo::TrainArgs),
+    /// Generate text with the built-in model or a Hugging Face model directory.
+    Generate(generate::GenerateArgs),
+    /// Convert a llama.cpp GGUF file (e.g. SmolLM2-135M-Instruct) into a Hugging Face directory.
+    ConvertGguf {
+        /// The `.gguf` file.
+        input: PathBuf,
+        /// Output directory (created).
+        output: PathBuf,
+    },
+    /// Measure the engine: decode tokens/s at several batch sizes and training tokens/s.
+    BenchEngine(bench::BenchArgs),
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Train(a) => demo::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::ConvertGguf { input, output } => {
+            rollflash_model::gguf::convert_gguf_to_hf(&input, &output)?;
+            println!("wrote {}", output.display());
+            Ok(())
+        }
+        Command::BenchEngine(a) => bench::run(a),
+    }
+}
+
+/// Runs `f` on a rayon pool of `threads` threads, so candle's kernels use exactly that many.
+pub(crate) fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> Result<T> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()?;
+    Ok(pool.install(f))
+}

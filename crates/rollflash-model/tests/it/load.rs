@@ -10,7 +10,14 @@ use rollflash_model::ModelError;
 use crate::common::{sharp_weights, ARCHS};
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }
 
 #[test]
@@ -21,16 +28,29 @@ fn every_architecture_round_trips() {
         let w = sharp_weights(&cfg, 3, 10.0, DType::F32);
         save_dir(dir.path(), &cfg, &w, None).unwrap();
         // Real HF names: spot-check the file's tensor names.
-        let names = Weights::load_safetensors(&[dir.path().join("model.safetensors")], &Device::Cpu).unwrap();
+        let names =
+            Weights::load_safetensors(&[dir.path().join("model.safetensors")], &Device::Cpu)
+                .unwrap();
         assert!(names.contains("model.layers.1.mlp.down_proj.weight"));
         assert_eq!(names.contains("lm_head.weight"), !cfg.tie_word_embeddings);
-        assert_eq!(names.contains("model.layers.0.self_attn.q_proj.bias"), cfg.attention_bias);
-        assert_eq!(names.contains("model.layers.0.self_attn.k_norm.weight"), cfg.qk_norm);
+        assert_eq!(
+            names.contains("model.layers.0.self_attn.q_proj.bias"),
+            cfg.attention_bias
+        );
+        assert_eq!(
+            names.contains("model.layers.0.self_attn.k_norm.weight"),
+            cfg.qk_norm
+        );
         let loaded = load_dir(dir.path(), DType::F32, &Device::Cpu).unwrap();
         assert_eq!(loaded.config, cfg);
-        let orig = rollflash_model::model::Transformer::from_weights(&cfg, &w, DType::F32, &Device::Cpu).unwrap();
+        let orig =
+            rollflash_model::model::Transformer::from_weights(&cfg, &w, DType::F32, &Device::Cpu)
+                .unwrap();
         let toks = [1, 2, 3, 4, 5];
-        let d = max_diff(&orig.forward_logits(&toks).unwrap(), &loaded.model.forward_logits(&toks).unwrap());
+        let d = max_diff(
+            &orig.forward_logits(&toks).unwrap(),
+            &loaded.model.forward_logits(&toks).unwrap(),
+        );
         assert!(d == 0.0, "{arch:?}: logits differ by {d}");
     }
 }
@@ -46,17 +66,35 @@ fn sharded_checkpoint_loads() {
     let (mut a, mut b) = (Weights::default(), Weights::default());
     let mut map = serde_json::Map::new();
     for (i, name) in w.names().into_iter().enumerate() {
-        let (shard, file) = if i % 2 == 0 { (&mut a, "model-00001-of-00002.safetensors") } else { (&mut b, "model-00002-of-00002.safetensors") };
+        let (shard, file) = if i % 2 == 0 {
+            (&mut a, "model-00001-of-00002.safetensors")
+        } else {
+            (&mut b, "model-00002-of-00002.safetensors")
+        };
         shard.insert(name, w.tensors()[name].clone());
         map.insert(name.to_string(), file.into());
     }
-    a.save_safetensors(&dir.path().join("model-00001-of-00002.safetensors")).unwrap();
-    b.save_safetensors(&dir.path().join("model-00002-of-00002.safetensors")).unwrap();
+    a.save_safetensors(&dir.path().join("model-00001-of-00002.safetensors"))
+        .unwrap();
+    b.save_safetensors(&dir.path().join("model-00002-of-00002.safetensors"))
+        .unwrap();
     let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": map});
-    std::fs::write(dir.path().join("model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
     let loaded = load_dir(dir.path(), DType::F32, &Device::Cpu).unwrap();
-    let orig = rollflash_model::model::Transformer::from_weights(&cfg, &w, DType::F32, &Device::Cpu).unwrap();
-    assert_eq!(max_diff(&orig.forward_logits(&[3, 1]).unwrap(), &loaded.model.forward_logits(&[3, 1]).unwrap()), 0.0);
+    let orig =
+        rollflash_model::model::Transformer::from_weights(&cfg, &w, DType::F32, &Device::Cpu)
+            .unwrap();
+    assert_eq!(
+        max_diff(
+            &orig.forward_logits(&[3, 1]).unwrap(),
+            &loaded.model.forward_logits(&[3, 1]).unwrap()
+        ),
+        0.0
+    );
 }
 
 #[test]
@@ -84,10 +122,18 @@ fn clear_errors_for_bad_directories() {
     save_dir(dir.path(), &cfg, &w, None).unwrap();
     let mut bigger = cfg.clone();
     bigger.intermediate_size += 8;
-    std::fs::write(dir.path().join("config.json"), bigger.to_hf_json().to_string()).unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        bigger.to_hf_json().to_string(),
+    )
+    .unwrap();
     let err = load_dir(dir.path(), DType::F32, &Device::Cpu).unwrap_err();
     match &err {
-        ModelError::ShapeMismatch { name, expected, got } => {
+        ModelError::ShapeMismatch {
+            name,
+            expected,
+            got,
+        } => {
             assert!(name.contains("mlp"), "{name}");
             assert_ne!(expected, got);
         }

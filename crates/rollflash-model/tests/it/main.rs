@@ -1,5 +1,8 @@
 //! The model crate's one integration-test binary.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 mod gguf;
 mod load;

@@ -15,7 +15,9 @@ use crate::common::{sharp_model, ARCHS};
 fn request(id: u64, prompt_len: usize, max_new: usize) -> EngineRequest {
     EngineRequest {
         id: RequestId(id),
-        prompt: (0..prompt_len as u32).map(|i| (i * 7 + id as u32 * 3) % 60 + 1).collect(),
+        prompt: (0..prompt_len as u32)
+            .map(|i| (i * 7 + id as u32 * 3) % 60 + 1)
+            .collect(),
         params: SamplingParams {
             temperature: 1.0,
             max_new_tokens: max_new,
@@ -26,7 +28,11 @@ fn request(id: u64, prompt_len: usize, max_new: usize) -> EngineRequest {
     }
 }
 
-fn check_against_training_forward(model: &rollflash_model::model::Transformer, prompt: &[u32], c: &Completion) {
+fn check_against_training_forward(
+    model: &rollflash_model::model::Transformer,
+    prompt: &[u32],
+    c: &Completion,
+) {
     let mut seq = prompt.to_vec();
     seq.extend_from_slice(&c.output.tokens);
     let stats = token_stats(model, &[&seq], 1.0, false).unwrap();
@@ -58,7 +64,9 @@ fn continuous_batching_matches_training_forward() {
             },
         )
         .unwrap();
-        let reqs: Vec<EngineRequest> = (0..7).map(|i| request(i, 1 + (i as usize * 5) % 13, 4 + (i as usize * 3) % 9)).collect();
+        let reqs: Vec<EngineRequest> = (0..7)
+            .map(|i| request(i, 1 + (i as usize * 5) % 13, 4 + (i as usize * 3) % 9))
+            .collect();
         for r in &reqs {
             engine.submit(r.clone()).unwrap();
         }
@@ -142,7 +150,11 @@ fn abort_and_resume_keeps_partial_output() {
     // Tokens after the resume are scored by the new model.
     let mut seq = req.prompt.clone();
     seq.extend_from_slice(&c.output.tokens);
-    let lp: Vec<f32> = token_stats(&new, &[&seq], 1.0, false).unwrap().logprobs.to_vec1().unwrap();
+    let lp: Vec<f32> = token_stats(&new, &[&seq], 1.0, false)
+        .unwrap()
+        .logprobs
+        .to_vec1()
+        .unwrap();
     for i in 4..10 {
         assert!((c.output.logprobs[i] - lp[req.prompt.len() + i]).abs() < 1e-4);
     }
@@ -153,7 +165,12 @@ fn abort_and_resume_keeps_partial_output() {
 fn stop_token_finishes_with_stop() {
     let cfg = ModelConfig::tiny(Arch::Qwen2, 64);
     let model = Arc::new(sharp_model(&cfg, 3, DType::F32));
-    let mut e = Engine::new(Arc::clone(&model), PolicyVersion(0), EngineConfig::default()).unwrap();
+    let mut e = Engine::new(
+        Arc::clone(&model),
+        PolicyVersion(0),
+        EngineConfig::default(),
+    )
+    .unwrap();
     // Greedy: find the first generated token, then make it a stop token.
     let mut r = request(1, 4, 5);
     r.params = SamplingParams::greedy(5);
@@ -174,11 +191,23 @@ fn invalid_requests_are_rejected() {
     let mut e = Engine::new(model, PolicyVersion(0), EngineConfig::default()).unwrap();
     let mut r = request(1, 4, 5);
     r.prompt = vec![];
-    assert!(e.submit(r.clone()).unwrap_err().to_string().contains("empty prompt"));
+    assert!(e
+        .submit(r.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("empty prompt"));
     r.prompt = vec![1, 64];
-    assert!(e.submit(r.clone()).unwrap_err().to_string().contains("outside the vocabulary"));
+    assert!(e
+        .submit(r.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("outside the vocabulary"));
     r.prompt = vec![1; 300];
-    assert!(e.submit(r.clone()).unwrap_err().to_string().contains("context"));
+    assert!(e
+        .submit(r.clone())
+        .unwrap_err()
+        .to_string()
+        .contains("context"));
     r.prompt = vec![1];
     r.params.top_p = 0.0;
     assert!(e.submit(r).unwrap_err().to_string().contains("top_p"));

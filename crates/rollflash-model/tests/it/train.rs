@@ -3,7 +3,9 @@
 
 use candle_core::{DType, Device, Tensor};
 use rollflash_model::config::{Arch, ModelConfig};
-use rollflash_model::train::{token_stats, AdamW, GradAccumulator, OptimizerConfig, TrainableModel};
+use rollflash_model::train::{
+    token_stats, AdamW, GradAccumulator, OptimizerConfig, TrainableModel,
+};
 
 use crate::common::{sharp_weights, ARCHS};
 
@@ -30,7 +32,11 @@ fn every_parameter_gets_the_right_gradient() {
         let model = TrainableModel::new(&cfg, &w, DType::F64, &Device::Cpu).unwrap();
         let grads = loss(&model).backward().unwrap();
         let expected = cfg.num_parameters();
-        let counted: usize = model.vars().iter().map(|(_, v)| v.as_tensor().elem_count()).sum();
+        let counted: usize = model
+            .vars()
+            .iter()
+            .map(|(_, v)| v.as_tensor().elem_count())
+            .sum();
         assert_eq!(counted, expected, "{arch:?}: parameter count");
         for (name, var) in model.vars() {
             let g = grads
@@ -40,21 +46,33 @@ fn every_parameter_gets_the_right_gradient() {
                 .unwrap()
                 .to_vec1::<f64>()
                 .unwrap();
-            assert!(g.iter().any(|x| x.abs() > 1e-10), "{arch:?}: zero gradient for {name}");
-            let orig = var.as_tensor().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+            assert!(
+                g.iter().any(|x| x.abs() > 1e-10),
+                "{arch:?}: zero gradient for {name}"
+            );
+            let orig = var
+                .as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap();
             let shape = var.as_tensor().shape().clone();
             // Check the entry with the largest gradient plus two fixed ones.
-            let top = (0..g.len()).max_by(|&a, &b| g[a].abs().total_cmp(&g[b].abs())).unwrap();
+            let top = (0..g.len())
+                .max_by(|&a, &b| g[a].abs().total_cmp(&g[b].abs()))
+                .unwrap();
             for idx in [top, 0, g.len() / 2] {
                 let h = 1e-5;
                 let at = |delta: f64| {
                     let mut p = orig.clone();
                     p[idx] += delta;
-                    var.set(&Tensor::from_vec(p, shape.clone(), &Device::Cpu).unwrap()).unwrap();
+                    var.set(&Tensor::from_vec(p, shape.clone(), &Device::Cpu).unwrap())
+                        .unwrap();
                     loss(&model).to_scalar::<f64>().unwrap()
                 };
                 let numeric = (at(h) - at(-h)) / (2.0 * h);
-                var.set(&Tensor::from_vec(orig.clone(), shape.clone(), &Device::Cpu).unwrap()).unwrap();
+                var.set(&Tensor::from_vec(orig.clone(), shape.clone(), &Device::Cpu).unwrap())
+                    .unwrap();
                 let analytic = g[idx];
                 assert!(
                     (analytic - numeric).abs() <= 1e-6 + 1e-4 * numeric.abs(),
@@ -72,8 +90,16 @@ fn fused_and_differentiable_forwards_agree() {
         let cfg = ModelConfig::tiny(arch, 16);
         let w = sharp_weights(&cfg, 4, 10.0, DType::F32);
         let m = TrainableModel::new(&cfg, &w, DType::F32, &Device::Cpu).unwrap();
-        let a: Vec<f32> = token_stats(m.model(), &SEQS, 1.0, false).unwrap().logprobs.to_vec1().unwrap();
-        let b: Vec<f32> = token_stats(m.model(), &SEQS, 1.0, true).unwrap().logprobs.to_vec1().unwrap();
+        let a: Vec<f32> = token_stats(m.model(), &SEQS, 1.0, false)
+            .unwrap()
+            .logprobs
+            .to_vec1()
+            .unwrap();
+        let b: Vec<f32> = token_stats(m.model(), &SEQS, 1.0, true)
+            .unwrap()
+            .logprobs
+            .to_vec1()
+            .unwrap();
         for (x, y) in a.iter().zip(&b) {
             assert!((x - y).abs() < 1e-4, "{arch:?}: {x} vs {y}");
         }
@@ -103,8 +129,10 @@ fn tiny_model_overfits() {
     let mut last = first;
     for _ in 0..300 {
         let mut acc = GradAccumulator::default();
-        acc.add(&model, &nll(&model, &SEQS[..1]).backward().unwrap()).unwrap();
-        acc.add(&model, &nll(&model, &SEQS[1..]).backward().unwrap()).unwrap();
+        acc.add(&model, &nll(&model, &SEQS[..1]).backward().unwrap())
+            .unwrap();
+        acc.add(&model, &nll(&model, &SEQS[1..]).backward().unwrap())
+            .unwrap();
         assert_eq!(acc.micro_batches(), 2);
         let stats = opt.step(&model, &acc).unwrap();
         assert!(stats.grad_norm.is_finite());
@@ -139,21 +167,41 @@ fn adamw_first_step_closed_form() {
     let cfg = ModelConfig::tiny(Arch::Llama, 16);
     let w = rollflash_model::weights::Weights::random(&cfg, 1, DType::F64, &Device::Cpu).unwrap();
     let model = TrainableModel::new(&cfg, &w, DType::F64, &Device::Cpu).unwrap();
-    let before: Vec<Vec<f64>> = model.vars().iter().map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap()).collect();
+    let before: Vec<Vec<f64>> = model
+        .vars()
+        .iter()
+        .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
+        .collect();
     let s = token_stats(model.model(), &SEQS, 1.0, false).unwrap();
     let grads = s.logprobs.sum_all().unwrap().backward().unwrap();
     let mut acc = GradAccumulator::default();
     acc.add(&model, &grads).unwrap();
     let (lr, wd, eps) = (0.1, 0.5, 1e-8);
-    let mut opt = AdamW::new(OptimizerConfig { lr, weight_decay: wd, eps, max_grad_norm: None, ..Default::default() });
+    let mut opt = AdamW::new(OptimizerConfig {
+        lr,
+        weight_decay: wd,
+        eps,
+        max_grad_norm: None,
+        ..Default::default()
+    });
     opt.step(&model, &acc).unwrap();
     for ((name, var), b) in model.vars().iter().zip(&before) {
-        let g: Vec<f64> = acc.get(name).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let g: Vec<f64> = acc
+            .get(name)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let after: Vec<f64> = var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
         let decay = if var.as_tensor().rank() >= 2 { wd } else { 0.0 };
         for i in [0, b.len() - 1] {
             let want = b[i] * (1.0 - lr * decay) - lr * g[i] / (g[i].abs() + eps);
-            assert!((after[i] - want).abs() < 1e-9, "{name}[{i}]: {} vs {want}", after[i]);
+            assert!(
+                (after[i] - want).abs() < 1e-9,
+                "{name}[{i}]: {} vs {want}",
+                after[i]
+            );
         }
     }
 }

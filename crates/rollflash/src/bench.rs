@@ -1,0 +1,159 @@
+//! `rollflash bench-engine`: decode throughput at several batch sizes and training throughput,
+//! for the built-in default model or a Hugging Face directory.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use candle_core::{DType, Device};
+use clap::Args;
+use rollflash_core::{PolicyVersion, RequestId};
+use rollflash_model::config::ModelConfig;
+use rollflash_model::engine::{Engine, EngineConfig, EngineRequest};
+use rollflash_model::sampling::SamplingParams;
+use rollflash_model::tokenizer::Tokenizer;
+use rollflash_model::train::{
+    token_stats, AdamW, GradAccumulator, OptimizerConfig, TrainableModel,
+};
+use rollflash_model::weights::Weights;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// A Hugging Face directory; the built-in default model (random weights) when absent.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Decode batch sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    batch: Vec<usize>,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 32)]
+    prompt_len: usize,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 64)]
+    new_tokens: usize,
+    /// Training batch: sequences × length.
+    #[arg(long, default_value_t = 16)]
+    train_seqs: usize,
+    #[arg(long, default_value_t = 128)]
+    train_len: usize,
+    /// Timed training steps (after one untimed warm-up step).
+    #[arg(long, default_value_t = 3)]
+    train_steps: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let device = Device::Cpu;
+    let (cfg, weights, name) = match &a.model {
+        Some(dir) => {
+            let cfg = rollflash_model::hf::load_config(dir)?;
+            let w = rollflash_model::hf::load_weights(dir, &device)?;
+            (cfg, w, dir.display().to_string())
+        }
+        None => {
+            let tok = Tokenizer::builtin();
+            let cfg = ModelConfig::builtin_default(tok.vocab_size(), 1);
+            let w = Weights::random(&cfg, 0, DType::F32, &device)?;
+            (cfg, w, "built-in default".to_string())
+        }
+    };
+    println!(
+        "model: {name} ({:?}, {:.1} M params), threads: {}",
+        cfg.arch,
+        cfg.num_parameters() as f64 / 1e6,
+        a.threads
+    );
+    let model = Arc::new(rollflash_model::model::Transformer::from_weights(
+        &cfg,
+        &weights,
+        DType::F32,
+        &device,
+    )?);
+    let vocab = cfg.vocab_size as u32;
+    let mut base = None;
+    for &b in &a.batch {
+        let mut e = Engine::new(
+            Arc::clone(&model),
+            PolicyVersion(0),
+            EngineConfig {
+                max_running_requests: b,
+                max_prefill_tokens: usize::MAX,
+                threads: a.threads,
+            },
+        )?;
+        for i in 0..b {
+            e.submit(EngineRequest {
+                id: RequestId(i as u64),
+                prompt: (0..a.prompt_len)
+                    .map(|j| ((i * 31 + j * 7) as u32 % (vocab - 1)) + 1)
+                    .collect(),
+                params: SamplingParams {
+                    max_new_tokens: a.new_tokens,
+                    seed: Some(i as u64),
+                    ..Default::default()
+                },
+                resume: None,
+            })?;
+        }
+        // The first step prefills every prompt; time decode steps separately.
+        let t0 = Instant::now();
+        let first = e.step()?;
+        let prefill = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let mut decoded = 0usize;
+        while !e.is_idle() {
+            decoded += e.step()?.new_tokens.len();
+        }
+        let dt = t1.elapsed().as_secs_f64();
+        let tps = decoded as f64 / dt;
+        let ratio = match base {
+            None => {
+                base = Some(tps);
+                1.0
+            }
+            Some(b1) => tps / b1,
+        };
+        println!(
+            "decode batch {b:>3}: {tps:>9.1} tok/s ({ratio:.1}x batch {}), prefill {} tok in {prefill:.3} s",
+            a.batch[0], first.forward_tokens
+        );
+    }
+
+    let trainable = TrainableModel::new(&cfg, &weights, DType::F32, &device)?;
+    let mut opt = AdamW::new(OptimizerConfig::default());
+    let seqs: Vec<Vec<u32>> = (0..a.train_seqs)
+        .map(|i| {
+            (0..a.train_len)
+                .map(|j| ((i * 13 + j * 5) as u32 % (vocab - 1)) + 1)
+                .collect()
+        })
+        .collect();
+    let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+    let mut step = || -> Result<()> {
+        crate::with_threads(a.threads, || -> Result<()> {
+            let s = token_stats(trainable.model(), &refs, 1.0, false)?;
+            let loss = s.logprobs.sum_all()?.neg()?;
+            let mut acc = GradAccumulator::default();
+            acc.add(&trainable, &loss.backward()?)?;
+            opt.step(&trainable, &acc)?;
+            Ok(())
+        })?
+    };
+    step()?;
+    let t0 = Instant::now();
+    for _ in 0..a.train_steps {
+        step()?;
+    }
+    let dt = t0.elapsed().as_secs_f64() / a.train_steps.max(1) as f64;
+    let toks = a.train_seqs * a.train_len;
+    println!(
+        "train step ({} x {} tokens, forward+backward+AdamW): {:.3} s, {:.0} tok/s",
+        a.train_seqs,
+        a.train_len,
+        dt,
+        toks as f64 / dt
+    );
+    Ok(())
+}
