@@ -88,10 +88,8 @@ impl KvCache {
             .ok_or_else(|| ModelError::InvalidRequest("cache slot vanished".into()))?;
         ck.slice_set(&k.contiguous()?, 1, self.len)?;
         cv.slice_set(&v.contiguous()?, 1, self.len)?;
-        Ok((
-            ck.narrow(1, 0, need)?.contiguous()?,
-            cv.narrow(1, 0, need)?.contiguous()?,
-        ))
+        // Views, not copies: matmul accepts any stride between the kv heads.
+        Ok((ck.narrow(1, 0, need)?, cv.narrow(1, 0, need)?))
     }
 }
 
@@ -407,9 +405,19 @@ impl Transformer {
                 (mut caches, _) => {
                     let mut outs = Vec::with_capacity(spans.len());
                     for (ci, &(off, t, start)) in spans.iter().enumerate() {
-                        let qc = q.narrow(0, off, t)?.transpose(0, 1)?.contiguous()?;
-                        let kc = k.narrow(0, off, t)?.transpose(0, 1)?.contiguous()?;
-                        let vc = v.narrow(0, off, t)?.transpose(0, 1)?.contiguous()?;
+                        // `[t, heads, hd] → [heads, t, hd]`; for a decode step (t = 1) that is
+                        // a free reshape, and decode steps are most of the chunks.
+                        let heads_first = |x: &Tensor, heads: usize| -> Result<Tensor> {
+                            let x = x.narrow(0, off, t)?;
+                            Ok(if t == 1 {
+                                x.reshape((heads, 1, hd))?
+                            } else {
+                                x.transpose(0, 1)?.contiguous()?
+                            })
+                        };
+                        let qc = heads_first(&q, nh)?;
+                        let kc = heads_first(&k, nkv)?;
+                        let vc = heads_first(&v, nkv)?;
                         let (kc, vc) = match caches.as_deref_mut() {
                             Some(c) => c[ci].append(li, &kc, &vc)?,
                             None => (kc, vc),
@@ -499,9 +507,10 @@ impl Transformer {
         let (nh, t, hd) = q.dims3()?;
         let (nkv, l, _) = k.dims3()?;
         let rep = nh / nkv;
-        let q = q.reshape((nkv, rep * t, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let mut scores = (q.matmul(&k.t()?)? * scale)?;
+        // Scaling q (t rows) is cheaper than scaling the scores (L columns).
+        let q = (q.reshape((nkv, rep * t, hd))? * scale)?;
+        let mut scores = q.matmul(&k.t()?)?;
         if t > 1 {
             // Query i (at position start + i) sees keys 0 ..= start + i.
             let past = l - t;
