@@ -58,6 +58,24 @@ impl KvCache {
         self.len == 0
     }
 
+    /// Positions the buffers of `layer` can hold before they grow.
+    fn capacity(&self, layer: usize) -> usize {
+        match self.layers.get(layer) {
+            Some(Some((k, _))) => k.dims().get(1).copied().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    /// The whole key and value buffers of `layer` (`[kv_heads, capacity, head_dim]`).
+    fn buffers(&self, layer: usize) -> Result<(Tensor, Tensor)> {
+        match self.layers.get(layer) {
+            Some(Some((k, v))) => Ok((k.clone(), v.clone())),
+            _ => Err(ModelError::InvalidRequest(format!(
+                "cache layer {layer} is empty"
+            ))),
+        }
+    }
+
     /// Appends `k`, `v` (`[kv_heads, t, head_dim]`) to layer `layer` and returns views of all
     /// cached keys and values. `len` advances once per forward (after the last layer).
     fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -402,35 +420,15 @@ impl Transformer {
             let k = ops::rope(&k, &cos, &sin, fused)?;
             let attn = match (caches.as_deref_mut(), &padded) {
                 (None, Some(pad)) => self.attend_padded(&q, &k, &v, pad, fused)?,
-                (mut caches, _) => {
-                    let mut outs = Vec::with_capacity(spans.len());
-                    for (ci, &(off, t, start)) in spans.iter().enumerate() {
-                        // `[t, heads, hd] → [heads, t, hd]`; for a decode step (t = 1) that is
-                        // a free reshape, and decode steps are most of the chunks.
-                        let heads_first = |x: &Tensor, heads: usize| -> Result<Tensor> {
-                            let x = x.narrow(0, off, t)?;
-                            Ok(if t == 1 {
-                                x.reshape((heads, 1, hd))?
-                            } else {
-                                x.transpose(0, 1)?.contiguous()?
-                            })
-                        };
-                        let qc = heads_first(&q, nh)?;
-                        let kc = heads_first(&k, nkv)?;
-                        let vc = heads_first(&v, nkv)?;
-                        let (kc, vc) = match caches.as_deref_mut() {
-                            Some(c) => c[ci].append(li, &kc, &vc)?,
-                            None => (kc, vc),
-                        };
-                        outs.push(self.attend(&qc, &kc, &vc, start, fused)?);
-                    }
-                    if outs.len() == 1 {
-                        outs.pop()
-                            .ok_or_else(|| ModelError::InvalidRequest("no chunk".into()))?
-                    } else {
-                        Tensor::cat(&outs, 0)?
-                    }
+                (None, None) => {
+                    let (_, t, start) = spans[0];
+                    let qc = q.transpose(0, 1)?.contiguous()?;
+                    let kc = k.transpose(0, 1)?.contiguous()?;
+                    let vc = v.transpose(0, 1)?.contiguous()?;
+                    debug_assert_eq!(t, n);
+                    self.attend(&qc, &kc, &vc, start, fused)?
                 }
+                (Some(c), _) => self.attend_cached(li, &q, &k, &v, &spans, c, fused)?,
             };
             x = (x + layer.o.forward(&attn)?)?;
             let hn = ops::rms_norm(&x, &layer.post_norm, eps, fused)?;
@@ -455,6 +453,98 @@ impl Transformer {
         };
         let x = ops::rms_norm(&x, &self.norm, eps, fused)?;
         Ok(x.matmul(&self.lm_head.t()?)?)
+    }
+
+    /// Attention of chunks that continue cached sequences. New keys and values are appended to
+    /// each cache; then decode chunks (one token) whose caches have the same capacity attend as
+    /// one batch — a single stack of their cache buffers and one set of ops — and longer chunks
+    /// (prefills) attend one by one. Rows are put back in packed order at the end.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_cached(
+        &self,
+        li: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        spans: &[(usize, usize, usize)],
+        caches: &mut [&mut KvCache],
+        fused: bool,
+    ) -> Result<Tensor> {
+        let (n, nh, hd) = q.dims3()?;
+        let nkv = k.dim(1)?;
+        let rep = nh / nkv;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut pieces = Vec::new();
+        let mut perm = vec![0u32; n];
+        let mut row = 0usize;
+        let mut buckets: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        let mut views = Vec::with_capacity(spans.len());
+        for (ci, &(off, t, _)) in spans.iter().enumerate() {
+            // `[t, heads, hd] → [heads, t, hd]`: a free reshape when t = 1.
+            let heads_first = |x: &Tensor, heads: usize| -> Result<Tensor> {
+                let x = x.narrow(0, off, t)?;
+                Ok(if t == 1 {
+                    x.reshape((heads, 1, hd))?
+                } else {
+                    x.transpose(0, 1)?.contiguous()?
+                })
+            };
+            let view = caches[ci].append(li, &heads_first(k, nkv)?, &heads_first(v, nkv)?)?;
+            if t == 1 {
+                buckets.entry(caches[ci].capacity(li)).or_default().push(ci);
+                views.push(None);
+            } else {
+                views.push(Some((heads_first(q, nh)?, view)));
+            }
+        }
+        for (ci, view) in views.into_iter().enumerate() {
+            if let Some((qc, (kc, vc))) = view {
+                let (off, t, start) = spans[ci];
+                pieces.push(self.attend(&qc, &kc, &vc, start, fused)?);
+                for j in 0..t {
+                    perm[off + j] = (row + j) as u32;
+                }
+                row += t;
+            }
+        }
+        for (cap, members) in buckets {
+            let b = members.len();
+            let rows: Vec<u32> = members.iter().map(|&ci| spans[ci].0 as u32).collect();
+            let rows = Tensor::from_vec(rows, b, &self.device)?;
+            let qb = (q.index_select(&rows, 0)?.reshape((b, nkv, rep, hd))? * scale)?;
+            let mut ks = Vec::with_capacity(b);
+            let mut vs = Vec::with_capacity(b);
+            let mut mask = Vec::with_capacity(b * cap);
+            for &ci in &members {
+                let (ck, cv) = caches[ci].buffers(li)?;
+                ks.push(ck);
+                vs.push(cv);
+                // The appended token is not yet counted in `len` (that happens after the last
+                // layer), so this sequence sees keys 0 ..= len.
+                let seen = caches[ci].len() + 1;
+                mask.extend((0..cap).map(|j| if j < seen { 0f32 } else { f32::NEG_INFINITY }));
+            }
+            let kb = Tensor::stack(&ks, 0)?;
+            let vb = Tensor::stack(&vs, 0)?;
+            let mask =
+                Tensor::from_vec(mask, (b, 1, 1, cap), &self.device)?.to_dtype(self.dtype)?;
+            let scores = qb.matmul(&kb.transpose(2, 3)?)?.broadcast_add(&mask)?;
+            let p = ops::softmax_last_dim(&scores, fused)?;
+            pieces.push(p.matmul(&vb)?.reshape((b, nh * hd))?);
+            for (j, &ci) in members.iter().enumerate() {
+                perm[spans[ci].0] = (row + j) as u32;
+            }
+            row += b;
+        }
+        let all = if pieces.len() == 1 {
+            pieces
+                .pop()
+                .ok_or_else(|| ModelError::InvalidRequest("no chunk".into()))?
+        } else {
+            Tensor::cat(&pieces, 0)?
+        };
+        let perm = Tensor::from_vec(perm, n, &self.device)?;
+        Ok(all.index_select(&perm, 0)?)
     }
 
     /// Causal attention of several independent chunks as one padded batch `[B, heads, T, hd]`.

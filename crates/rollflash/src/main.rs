@@ -8,6 +8,11 @@ mod generate;
 use std::path::PathBuf;
 
 use anyhow::Result;
+
+// Tensors are allocated and freed by the thousand per step; the system allocator returns large
+// blocks to the OS and pays page faults to get them back, mimalloc keeps them.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Parser, Subcommand};
 
 /// Asynchronous RL post-training for language models.
@@ -40,6 +45,12 @@ enum Command {
 }
 
 fn main() -> Result<()> {
+    // candle parallelises elementwise ops on its own spin-waiting pool, which on a few cores
+    // fights the matmul threads and slows small ops 2-3x; our engines and trainer already get
+    // their parallelism from explicit rayon pools. Must run before the first candle op.
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
