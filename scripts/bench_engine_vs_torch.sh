@@ -24,11 +24,12 @@
 #   --log-dir DIR          keep every raw output there [a temp dir]
 #
 # Environment: ROLLFLASH_BIN (default target/release/rollflash; built with
-# `cargo build --release -p rollflash` when missing). For PyTorch, OMP_WAIT_POLICY defaults to
-# PASSIVE: with OpenMP's default spin-waiting, any other process on a 2-core machine makes every
-# small matmul with 2 threads stall for a scheduler tick (~8 ms), which would be measuring the
-# neighbours, not PyTorch. Set OMP_WAIT_POLICY yourself to override.
-#
+# `cargo build --release -p rollflash` when missing). Both sides run with their default
+# threading behaviour, and both spin-wait between parallel ops, so measure on a quiet machine:
+# with another busy process on a 2-core machine, rollflash (candle's barrier pool) and PyTorch
+# (OpenMP, ~8 ms stalls per small matmul) both slow down several-fold. On a busy machine,
+# OMP_WAIT_POLICY=PASSIVE rescues PyTorch (but costs it ~25% when idle); for rollflash,
+# CANDLE_NUM_THREADS=1 (elementwise ops on one thread; matmuls still use --threads) helps.
 # Each run's line in the log records the CPU time other processes used during the run
 # ("others busy"): numbers taken while something else was running are not comparable.
 set -euo pipefail
@@ -93,7 +94,6 @@ if [ -z "$LOG_DIR" ]; then
   LOG_DIR="$(mktemp -d -t rollflash-vs-torch.XXXXXX)"
 fi
 mkdir -p "$LOG_DIR"
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 
 # Jiffies of CPU time spent by everything (user+nice+system+irq+softirq+steal) since boot.
 busy_jiffies() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat; }
@@ -139,7 +139,7 @@ run_one() {
 
 IFS=',' read -r -a model_list <<<"$MODELS"
 echo "bench_engine_vs_torch: threads $THREADS, repeats $REPEATS, models $MODELS, logs in $LOG_DIR" >&2
-echo "  OMP_WAIT_POLICY=$OMP_WAIT_POLICY; $(nproc) CPUs; $("$PY" -c 'import torch; print("torch", torch.__version__)')" >&2
+echo "  OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-unset} CANDLE_NUM_THREADS=${CANDLE_NUM_THREADS:-unset}; $(nproc) CPUs; $("$PY" -c 'import torch; print("torch", torch.__version__)')" >&2
 cmd_lines=()
 for model in "${model_list[@]}"; do
   common=(--threads "$THREADS" --batch "$BATCH" --prompt-len "$PROMPT_LEN" --train-len "$TRAIN_LEN")
