@@ -10,7 +10,7 @@ pub enum ModelError {
     Tensor(#[from] candle_core::Error),
 
     /// A file the model directory must contain is not there.
-    #[error("missing file {path}: {what}")]
+    #[error("missing {what}: {path}")]
     MissingFile { path: PathBuf, what: &'static str },
 
     /// A file could not be read or written.

@@ -22,13 +22,13 @@ use rollflash_model::weights::Weights;
 #[derive(Debug, Args)]
 pub struct TrainArgs {
     /// Optimizer steps of the warm-up.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 500)]
     steps: usize,
     /// Sequences per step.
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
     /// Peak learning rate (warm-up then cosine).
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 5e-3)]
     lr: f64,
     /// CPU threads for training and for the engine.
     #[arg(long, default_value_t = 2)]
