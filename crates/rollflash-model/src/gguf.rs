@@ -626,8 +626,12 @@ impl GgufTokenizer {
                 })
                 .collect()
         };
-        tokenizer.add_special_tokens(&added(TOKEN_TYPE_CONTROL));
-        tokenizer.add_tokens(&added(TOKEN_TYPE_USER_DEFINED));
+        tokenizer
+            .add_special_tokens(added(TOKEN_TYPE_CONTROL))
+            .map_err(|e| ModelError::Gguf(format!("adding special tokens: {e}")))?;
+        tokenizer
+            .add_tokens(added(TOKEN_TYPE_USER_DEFINED))
+            .map_err(|e| ModelError::Gguf(format!("adding user-defined tokens: {e}")))?;
         Ok(tokenizer)
     }
 
