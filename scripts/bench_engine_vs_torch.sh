@@ -17,8 +17,7 @@
 #   --new-tokens N         tokens per request, built-in default model [64]
 #   --train-seqs N / --train-len N / --train-steps N      built-in default model [16 / 128 / 3]
 #   --smol-new-tokens N    tokens per request for SmolLM2 [16]   (batch 64 x 64 tokens is minutes)
-#   --smol-train-seqs N    training sequences for SmolLM2 [4]    (16 x 128 makes rollflash's
-#                                                                 step exceed 24 GB and die)
+#   --smol-train-seqs N    training sequences for SmolLM2 [4]    (16 x 128 needs ~14 GB on our side)
 #   --smol-train-steps N   timed training steps for SmolLM2 [1] (after one warm-up step)
 #   --wait-idle SECS       before each run, wait up to SECS for the CPUs to be idle [0 = don't]
 #   --log-dir DIR          keep every raw output there [a temp dir]

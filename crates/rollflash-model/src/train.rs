@@ -139,15 +139,9 @@ pub fn token_stats(
     let n = off;
     let device = model.device();
     let logits = model.forward(&chunks, None, Logits::All, fused)?;
-    let logits = if temperature != 1.0 {
-        (logits / temperature)?
-    } else {
-        logits
-    };
-    let logp = ops::log_softmax_last_dim(&logits)?;
-    let tgt = Tensor::from_vec(targets, (n, 1), device)?;
-    let row_lp = logp.gather(&tgt, 1)?.squeeze(1)?;
-    let row_ent = (logp.exp()? * &logp)?.sum(1)?.neg()?;
+    let both = ops::logprob_entropy(&logits, targets, temperature)?;
+    let row_lp = both.narrow(1, 0, 1)?.squeeze(1)?;
+    let row_ent = both.narrow(1, 1, 1)?.squeeze(1)?;
     let keep = Tensor::from_vec(keep, n, device)?.to_dtype(model.dtype())?;
     let shift = |x: &Tensor| -> Result<Tensor> {
         let zero = Tensor::zeros(1, x.dtype(), device)?;
