@@ -131,15 +131,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
         })
         .collect();
     let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+    let pool = crate::thread_pool(a.threads)?;
     let mut step = || -> Result<()> {
-        crate::with_threads(a.threads, || -> Result<()> {
+        pool.install(|| -> Result<()> {
             let s = token_stats(trainable.model(), &refs, 1.0, false)?;
             let loss = s.logprobs.sum_all()?.neg()?;
             let mut acc = GradAccumulator::default();
             acc.add(&trainable, &loss.backward()?)?;
             opt.step(&trainable, &acc)?;
             Ok(())
-        })?
+        })
     };
     step()?;
     let t0 = Instant::now();

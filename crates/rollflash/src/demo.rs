@@ -114,6 +114,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         total_steps: a.steps,
         ..Default::default()
     });
+    let pool = crate::thread_pool(a.threads)?;
     let started = Instant::now();
     let mut tokens_trained = 0usize;
     for step in 0..a.steps {
@@ -131,7 +132,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
         let n_loss: f32 = mask.iter().sum();
         tokens_trained += mask.len();
-        let stats = crate::with_threads(a.threads, || -> Result<_> {
+        let stats = pool.install(|| -> Result<_> {
             let s = token_stats(model.model(), &refs, 1.0, false)?;
             let m = Tensor::from_vec(mask.clone(), s.logprobs.dims1()?, &device)?;
             let loss = ((s.logprobs * m)?.sum_all()?.neg()? / n_loss as f64)?;
@@ -140,7 +141,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
             acc.add(&model, &grads)?;
             let st = opt.step(&model, &acc)?;
             Ok((loss.to_scalar::<f32>()?, st))
-        })??;
+        })?;
         if step % 25 == 0 || step + 1 == a.steps {
             let elapsed = started.elapsed().as_secs_f64();
             println!(

@@ -87,10 +87,10 @@ fn keep_freed_memory() {
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
 }
 
-/// Runs `f` on a rayon pool of `threads` threads, so candle's kernels use exactly that many.
-pub(crate) fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> Result<T> {
-    let pool = rayon::ThreadPoolBuilder::new()
+/// A rayon pool of `threads` threads: candle's kernels run on the pool they are called from, so
+/// work `install`ed here uses exactly that many. Build it once; threads are not free.
+pub(crate) fn thread_pool(threads: usize) -> Result<rayon::ThreadPool> {
+    Ok(rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
-        .build()?;
-    Ok(pool.install(f))
+        .build()?)
 }
