@@ -421,12 +421,11 @@ impl Transformer {
             let attn = match (caches.as_deref_mut(), &padded) {
                 (None, Some(pad)) => self.attend_padded(&q, &k, &v, pad, fused)?,
                 (None, None) => {
-                    let (_, t, start) = spans[0];
+                    // One chunk, no cache: it attends to itself.
                     let qc = q.transpose(0, 1)?.contiguous()?;
                     let kc = k.transpose(0, 1)?.contiguous()?;
                     let vc = v.transpose(0, 1)?.contiguous()?;
-                    debug_assert_eq!(t, n);
-                    self.attend(&qc, &kc, &vc, start, fused)?
+                    self.attend(&qc, &kc, &vc, fused)?
                 }
                 (Some(c), _) => self.attend_cached(li, &q, &k, &v, &spans, c, fused)?,
             };
@@ -499,8 +498,8 @@ impl Transformer {
         }
         for (ci, view) in views.into_iter().enumerate() {
             if let Some((qc, (kc, vc))) = view {
-                let (off, t, start) = spans[ci];
-                pieces.push(self.attend(&qc, &kc, &vc, start, fused)?);
+                let (off, t, _) = spans[ci];
+                pieces.push(self.attend(&qc, &kc, &vc, fused)?);
                 for j in 0..t {
                     perm[off + j] = (row + j) as u32;
                 }
@@ -586,14 +585,7 @@ impl Transformer {
     /// Causal attention of one chunk. `q: [heads, t, hd]`, `k, v: [kv_heads, L, hd]` where the
     /// chunk's queries sit at the last `t` of the `L` key positions. Grouped-query attention is
     /// a reshape, not a copy: query heads `g·r .. g·r + r` share kv head `g`, as in `repeat_kv`.
-    fn attend(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        start: usize,
-        fused: bool,
-    ) -> Result<Tensor> {
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, fused: bool) -> Result<Tensor> {
         let (nh, t, hd) = q.dims3()?;
         let (nkv, l, _) = k.dims3()?;
         let rep = nh / nkv;
@@ -602,9 +594,8 @@ impl Transformer {
         let q = (q.reshape((nkv, rep * t, hd))? * scale)?;
         let mut scores = q.matmul(&k.t()?)?;
         if t > 1 {
-            // Query i (at position start + i) sees keys 0 ..= start + i.
+            // The queries are the last t of the l key positions: query i sees keys 0 ..= past + i.
             let past = l - t;
-            debug_assert_eq!(past, if l == t { 0 } else { start });
             let mask: Vec<f32> = (0..t)
                 .flat_map(|i| {
                     (0..l).map(move |j| if j > past + i { f32::NEG_INFINITY } else { 0.0 })
