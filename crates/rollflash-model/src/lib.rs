@@ -4,6 +4,45 @@
 //! default) serves generation with a KV cache and continuous batching, and the differentiable
 //! training forward. Tensor code stays behind this crate's own types so that other crates never
 //! touch candle directly.
+//!
+//! Generate with continuous batching, then score the same tokens with the training forward:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use candle_core::{DType, Device};
+//! use rollflash_core::{PolicyVersion, RequestId};
+//! use rollflash_model::config::{Arch, ModelConfig};
+//! use rollflash_model::engine::{Engine, EngineConfig, EngineRequest};
+//! use rollflash_model::model::Transformer;
+//! use rollflash_model::sampling::SamplingParams;
+//! use rollflash_model::train::token_stats;
+//! use rollflash_model::weights::Weights;
+//!
+//! # fn main() -> rollflash_model::Result<()> {
+//! let cfg = ModelConfig::tiny(Arch::Qwen3, 32);
+//! let weights = Weights::random(&cfg, 0, DType::F32, &Device::Cpu)?;
+//! let model = Arc::new(Transformer::from_weights(&cfg, &weights, DType::F32, &Device::Cpu)?);
+//! let mut engine = Engine::new(Arc::clone(&model), PolicyVersion(0), EngineConfig::default())?;
+//! let prompt = vec![1, 2, 3];
+//! engine.submit(EngineRequest {
+//!     id: RequestId(7),
+//!     prompt: prompt.clone(),
+//!     params: SamplingParams { max_new_tokens: 5, seed: Some(1), ..Default::default() },
+//!     resume: None,
+//! })?;
+//! let done = engine.run_to_completion()?;
+//! let out = &done[0].output;
+//! assert_eq!(out.len(), 5);
+//!
+//! // The trainer's log-prob of each sampled token equals the one recorded at generation.
+//! let seq: Vec<u32> = prompt.iter().chain(&out.tokens).copied().collect();
+//! let lp: Vec<f32> = token_stats(&model, &[&seq], 1.0, false)?.logprobs.to_vec1()?;
+//! for (i, &behaviour) in out.logprobs.iter().enumerate() {
+//!     assert!((lp[prompt.len() + i] - behaviour).abs() < 1e-4);
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod chat;
 pub mod config;
