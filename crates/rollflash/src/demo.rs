@@ -22,7 +22,7 @@ use rollflash_model::weights::Weights;
 #[derive(Debug, Args)]
 pub struct TrainArgs {
     /// Optimizer steps of the warm-up.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 800)]
     steps: usize,
     /// Sequences per step.
     #[arg(long, default_value_t = 64)]
