@@ -176,6 +176,18 @@ impl LogProbEntropy {
         }
         out
     }
+
+    fn grad_tensor<T: candle_core::WithDType>(
+        &self,
+        arg: &Tensor,
+        grad: &Tensor,
+        n: usize,
+        v: usize,
+    ) -> candle_core::Result<Tensor> {
+        let d = arg.flatten_all()?.to_vec1::<T>()?;
+        let g = grad.flatten_all()?.to_vec1::<T>()?;
+        Tensor::from_vec(self.bwd_rows(&d, &g, v), (n, v), arg.device())
+    }
 }
 
 impl candle_core::CustomOp1 for LogProbEntropy {
@@ -217,16 +229,8 @@ impl candle_core::CustomOp1 for LogProbEntropy {
         let arg = arg.contiguous()?;
         let grad = grad_res.contiguous()?;
         let g = match arg.dtype() {
-            DType::F32 => {
-                let d = arg.flatten_all()?.to_vec1::<f32>()?;
-                let gr = grad.flatten_all()?.to_vec1::<f32>()?;
-                Tensor::from_vec(self.bwd_rows(&d, &gr, v), (n, v), arg.device())?
-            }
-            DType::F64 => {
-                let d = arg.flatten_all()?.to_vec1::<f64>()?;
-                let gr = grad.flatten_all()?.to_vec1::<f64>()?;
-                Tensor::from_vec(self.bwd_rows(&d, &gr, v), (n, v), arg.device())?
-            }
+            DType::F32 => self.grad_tensor::<f32>(&arg, &grad, n, v)?,
+            DType::F64 => self.grad_tensor::<f64>(&arg, &grad, n, v)?,
             other => candle_core::bail!("logprob_entropy: unsupported dtype {other:?}"),
         };
         Ok(Some(g))
@@ -298,85 +302,75 @@ mod tests {
     use super::*;
     use candle_core::{Device, Var};
 
+    /// Runs `op` and `reference` on the same f64 input, back-propagates `Σ y ⊙ weight` through
+    /// each, and checks that outputs and input gradients agree within `tol`.
+    fn check_against_composed(
+        data: &[f64],
+        shape: (usize, usize),
+        weight: &Tensor,
+        tol: f64,
+        op: impl Fn(&Tensor) -> Tensor,
+        reference: impl Fn(&Tensor) -> Tensor,
+    ) {
+        let run = |f: &dyn Fn(&Tensor) -> Tensor| {
+            let x =
+                Var::from_tensor(&Tensor::from_vec(data.to_vec(), shape, &Device::Cpu).unwrap())
+                    .unwrap();
+            let y = f(x.as_tensor());
+            let grads = (&y * weight)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+            let mut all = flat(&y);
+            all.extend(flat(grads.get(x.as_tensor()).unwrap()));
+            all
+        };
+        for (a, b) in run(&op).iter().zip(&run(&reference)) {
+            assert!((a - b).abs() < tol, "{a} vs {b}");
+        }
+    }
+
     /// The training softmax and the composed one agree on values and gradients (f64, 1e-12),
     /// including rows with −∞ entries (masked attention).
     #[test]
     fn training_softmax_matches_composed() {
-        let dev = Device::Cpu;
         let mut data: Vec<f64> = (0..4 * 6)
             .map(|i| ((i * 29 % 17) as f64 - 8.0) / 2.0)
             .collect();
         data[5] = f64::NEG_INFINITY;
         data[10] = f64::NEG_INFINITY;
-        let w = Tensor::from_vec(
-            (0..24).map(|i| (i as f64 * 0.37).sin()).collect::<Vec<_>>(),
+        let w: Vec<f64> = (0..24).map(|i| (i as f64 * 0.37).sin()).collect();
+        let w = Tensor::from_vec(w, (4, 6), &Device::Cpu).unwrap();
+        check_against_composed(
+            &data,
             (4, 6),
-            &dev,
-        )
-        .unwrap();
-        let run = |op: bool| {
-            let x =
-                Var::from_tensor(&Tensor::from_vec(data.clone(), (4, 6), &dev).unwrap()).unwrap();
-            let y = if op {
-                softmax_last_dim(x.as_tensor(), false).unwrap()
-            } else {
-                softmax_last_dim_composed(x.as_tensor()).unwrap()
-            };
-            let g = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
-            let gx = g
-                .get(x.as_tensor())
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f64>()
-                .unwrap();
-            (y.flatten_all().unwrap().to_vec1::<f64>().unwrap(), gx)
-        };
-        let (ya, ga) = run(true);
-        let (yb, gb) = run(false);
-        for (a, b) in ya.iter().zip(&yb).chain(ga.iter().zip(&gb)) {
-            assert!((a - b).abs() < 1e-12, "{a} vs {b}");
-        }
+            &w,
+            1e-12,
+            |x| softmax_last_dim(x, false).unwrap(),
+            |x| softmax_last_dim_composed(x).unwrap(),
+        );
     }
 
-    /// The fused op and the composed ops agree on values and on gradients (f64, 1e-10), for a
-    /// loss that weights log-probs and entropies differently per row.
+    /// The fused log-prob/entropy op and the composed ops agree on values and on gradients
+    /// (f64, 1e-10), for a loss that weights log-probs and entropies differently per row.
     #[test]
     fn fused_logprob_entropy_matches_composed() {
-        let dev = Device::Cpu;
         let data: Vec<f64> = (0..5 * 7)
             .map(|i| ((i * 37 % 23) as f64 - 11.0) / 3.0)
             .collect();
         let targets = vec![0u32, 6, 3, 3, 1];
-        let w = Tensor::from_vec(
-            vec![1.0, -0.5, 0.3, 2.0, -1.0, 0.7, 0.2, 0.1, -2.0, 1.5],
-            (5, 2),
-            &dev,
-        )
-        .unwrap();
-        let run = |fused: bool| {
-            let x =
-                Var::from_tensor(&Tensor::from_vec(data.clone(), (5, 7), &dev).unwrap()).unwrap();
-            let y = if fused {
-                logprob_entropy(x.as_tensor(), targets.clone(), 0.7).unwrap()
-            } else {
-                logprob_entropy_composed(x.as_tensor(), &targets, 0.7).unwrap()
-            };
-            let loss = (&y * &w).unwrap().sum_all().unwrap();
-            let g = loss.backward().unwrap();
-            let gx = g
-                .get(x.as_tensor())
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f64>()
-                .unwrap();
-            (y.flatten_all().unwrap().to_vec1::<f64>().unwrap(), gx)
-        };
-        let (ya, ga) = run(true);
-        let (yb, gb) = run(false);
-        for (a, b) in ya.iter().zip(&yb).chain(ga.iter().zip(&gb)) {
-            assert!((a - b).abs() < 1e-10, "{a} vs {b}");
-        }
+        let w = vec![1.0, -0.5, 0.3, 2.0, -1.0, 0.7, 0.2, 0.1, -2.0, 1.5];
+        let w = Tensor::from_vec(w, (5, 2), &Device::Cpu).unwrap();
+        check_against_composed(
+            &data,
+            (5, 7),
+            &w,
+            1e-10,
+            |x| logprob_entropy(x, targets.clone(), 0.7).unwrap(),
+            |x| logprob_entropy_composed(x, &targets, 0.7).unwrap(),
+        );
     }
 }
