@@ -1,5 +1,10 @@
-//! `rollflash-core`: pure data shared by every crate — ids, policy versions, finish reasons.
+//! `rollflash-core`: pure data shared by every crate — ids, policy versions, generation
+//! requests and outputs, trajectories, and the scheduling state machines.
 //! No I/O and no tensors live here.
+
+pub mod gen;
+
+pub use gen::{GenOutput, GenRequest, Generated, InvalidParams, SamplingParams};
 
 use serde::{Deserialize, Serialize};
 
@@ -43,4 +48,16 @@ pub enum FinishReason {
     Length,
     /// The request was aborted; the tokens so far are returned and may be resumed.
     Aborted,
+}
+
+/// What happens to in-flight requests when generation pauses for a weight sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseMode {
+    /// In-flight requests are aborted and return their partial tokens; after the sync they
+    /// are resumed from those tokens under the new weights, keeping their start version.
+    #[default]
+    Abort,
+    /// In-flight requests keep running; each token records the version that produced it.
+    Keep,
 }

@@ -40,26 +40,7 @@ impl Default for EngineConfig {
     }
 }
 
-/// Tokens generated so far for one request, each with its behaviour log-prob and the policy
-/// version that produced it.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Generated {
-    pub tokens: Vec<u32>,
-    pub logprobs: Vec<f32>,
-    pub versions: Vec<PolicyVersion>,
-}
-
-impl Generated {
-    /// Number of generated tokens.
-    pub fn len(&self) -> usize {
-        self.tokens.len()
-    }
-
-    /// Whether nothing was generated.
-    pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
-    }
-}
+pub use rollflash_core::Generated;
 
 /// One generation request.
 #[derive(Debug, Clone)]

@@ -80,3 +80,9 @@ pub enum ModelError {
 
 /// Result alias for the model crate.
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+impl From<rollflash_core::InvalidParams> for ModelError {
+    fn from(e: rollflash_core::InvalidParams) -> Self {
+        ModelError::InvalidRequest(e.0)
+    }
+}

@@ -3,75 +3,10 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::{Deserialize, Serialize};
 
 use crate::{ModelError, Result};
 
-/// How to pick the next tokens of one request.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SamplingParams {
-    /// 0 means greedy.
-    pub temperature: f64,
-    /// Keep the smallest set of tokens whose probability reaches `top_p` (1.0 = off).
-    pub top_p: f64,
-    /// Keep the `top_k` most likely tokens (0 = off).
-    pub top_k: usize,
-    /// Upper bound on generated tokens (counting tokens carried over by a resume).
-    pub max_new_tokens: usize,
-    /// Generation stops after any of these is sampled (the stop token is part of the output).
-    pub stop_token_ids: Vec<u32>,
-    /// Seeds this request's random stream; `None` derives it from the request id. Token `i`
-    /// of a request always uses stream `i` of the seed, so results do not depend on batching
-    /// or on a pause/resume in between.
-    pub seed: Option<u64>,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        SamplingParams {
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            max_new_tokens: 64,
-            stop_token_ids: Vec::new(),
-            seed: None,
-        }
-    }
-}
-
-impl SamplingParams {
-    /// Greedy decoding of at most `max_new_tokens`.
-    pub fn greedy(max_new_tokens: usize) -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            max_new_tokens,
-            ..Default::default()
-        }
-    }
-
-    /// Checks ranges; errors name the field.
-    pub fn validate(&self) -> Result<()> {
-        if !(self.temperature >= 0.0) || !self.temperature.is_finite() {
-            return Err(ModelError::InvalidRequest(format!(
-                "sampling_params.temperature must be >= 0, got {}",
-                self.temperature
-            )));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(ModelError::InvalidRequest(format!(
-                "sampling_params.top_p must be in (0, 1], got {}",
-                self.top_p
-            )));
-        }
-        if self.max_new_tokens == 0 {
-            return Err(ModelError::InvalidRequest(
-                "sampling_params.max_new_tokens must be positive".into(),
-            ));
-        }
-        Ok(())
-    }
-}
+pub use rollflash_core::SamplingParams;
 
 /// One sampled token and its log-probability under `softmax(logits / temperature)` over the
 /// whole vocabulary (temperature 1 when greedy). Top-k/top-p only restrict which token may be

@@ -3,7 +3,9 @@
 
 mod bench;
 mod demo;
+mod env_serve;
 mod generate;
+mod serve;
 
 use std::path::PathBuf;
 
@@ -42,6 +44,10 @@ enum Command {
     },
     /// Measure the engine: decode tokens/s at several batch sizes and training tokens/s.
     BenchEngine(bench::BenchArgs),
+    /// Serve a model over HTTP: the SGLang-native API and the OpenAI-compatible API.
+    Serve(serve::ServeArgs),
+    /// Serve a built-in environment over HTTP, so rollouts can use it from another process.
+    EnvServe(env_serve::EnvServeArgs),
 }
 
 fn main() -> Result<()> {
@@ -68,6 +74,8 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::BenchEngine(a) => bench::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::EnvServe(a) => env_serve::run(a),
     }
 }
 

@@ -1,0 +1,1 @@
+//! Verifiers: rewards computed from a finished response (math answer equivalence, format, countdown).

@@ -1,0 +1,124 @@
+//! The `Backend` trait: one seam for everything that generates — the embedded engine or a
+//! remote server — and the types it speaks.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rollflash_core::{GenOutput, GenRequest, PolicyVersion, RequestId};
+pub use rollflash_core::PauseMode;
+use rollflash_model::model::Transformer;
+
+/// New policy weights for a backend.
+#[derive(Clone)]
+pub enum WeightUpdate {
+    /// Weights already in this process (the embedded engine swaps an `Arc`, no copy).
+    InProcess {
+        model: Arc<Transformer>,
+        version: PolicyVersion,
+    },
+    /// A Hugging Face directory the trainer wrote (remote servers reload from it).
+    Disk { path: PathBuf, version: PolicyVersion },
+}
+
+impl WeightUpdate {
+    /// The version these weights are.
+    pub fn version(&self) -> PolicyVersion {
+        match self {
+            WeightUpdate::InProcess { version, .. } | WeightUpdate::Disk { version, .. } => *version,
+        }
+    }
+}
+
+impl std::fmt::Debug for WeightUpdate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WeightUpdate::InProcess { version, .. } => {
+                f.debug_struct("InProcess").field("version", version).finish()
+            }
+            WeightUpdate::Disk { path, version } => f
+                .debug_struct("Disk")
+                .field("path", path)
+                .field("version", version)
+                .finish(),
+        }
+    }
+}
+
+/// How busy a backend is, for routing and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendLoad {
+    /// Requests generating now.
+    pub running: usize,
+    /// Requests accepted but waiting for a slot inside the backend.
+    pub waiting: usize,
+    /// The policy version of the weights it serves.
+    pub version: PolicyVersion,
+}
+
+/// Why a backend call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The request itself is invalid (bad params, prompt too long); retrying will not help.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The backend could not be reached or failed; the request may be retried elsewhere.
+    #[error("backend {backend} unavailable: {reason}")]
+    Unavailable { backend: String, reason: String },
+    /// The backend did not answer in time.
+    #[error("backend {backend} timed out after {secs:.1}s")]
+    Timeout { backend: String, secs: f64 },
+    /// The backend answered with something we cannot interpret.
+    #[error("backend {backend} protocol error: {reason}")]
+    Protocol { backend: String, reason: String },
+    /// The backend cannot perform this operation (e.g. in-process weights over HTTP).
+    #[error("backend {backend} does not support {what}")]
+    Unsupported { backend: String, what: String },
+    /// The backend was shut down.
+    #[error("backend {0} is shut down")]
+    Shutdown(String),
+    /// The engine failed.
+    #[error("engine error")]
+    Engine(#[from] rollflash_model::ModelError),
+}
+
+impl BackendError {
+    /// Whether the same request may succeed on another try or another backend.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            BackendError::Unavailable { .. } | BackendError::Timeout { .. } | BackendError::Shutdown(_)
+        )
+    }
+}
+
+/// Something that generates tokens with log-probs.
+///
+/// Contract (checked by the conformance suite in `tests/it/conformance.rs` against every
+/// implementation):
+/// - `generate` returns the whole output, including any `resume` part, with one log-prob
+///   and one version per token; `start_version` is copied from the request.
+/// - An aborted request (by `abort`, or by `pause(Abort)`) is not an error: it returns
+///   `FinishReason::Aborted` with the tokens generated so far.
+/// - While paused, `generate` accepts requests but starts no new tokens until `resume`.
+/// - `update_weights` changes the version of every token generated after it returns.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// A short name for logs and metrics (e.g. `engine-0`, `http://127.0.0.1:30000`).
+    fn name(&self) -> &str;
+    /// Generates one request to completion (or abort).
+    async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError>;
+    /// Aborts one request; its `generate` returns with `FinishReason::Aborted`. Unknown or
+    /// finished ids are ignored.
+    async fn abort(&self, id: RequestId) -> Result<(), BackendError>;
+    /// Stops generating. `Abort` aborts everything in flight; `Keep` holds it in place.
+    async fn pause(&self, mode: PauseMode) -> Result<(), BackendError>;
+    /// Continues after `pause`.
+    async fn resume(&self) -> Result<(), BackendError>;
+    /// Loads new weights; returns when tokens are generated with them.
+    async fn update_weights(&self, update: &WeightUpdate) -> Result<(), BackendError>;
+    /// Current load and version.
+    async fn load(&self) -> Result<BackendLoad, BackendError>;
+    /// Ok when the backend can serve.
+    async fn health(&self) -> Result<(), BackendError>;
+}

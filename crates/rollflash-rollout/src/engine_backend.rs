@@ -1,0 +1,305 @@
+//! The embedded engine as a `Backend`: one worker thread owning one `Engine`, driven by a
+//! closed command enum. Several workers (each its own `EngineBackend`, each with its own
+//! thread budget) sit behind the proxy like any other backends.
+
+use std::collections::HashMap;
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use async_trait::async_trait;
+use rollflash_core::{FinishReason, GenOutput, GenRequest, PolicyVersion, RequestId};
+use rollflash_model::engine::{Completion, Engine, EngineConfig, EngineRequest};
+use rollflash_model::model::Transformer;
+use tokio::sync::oneshot;
+
+use crate::backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
+
+/// Settings of one engine worker.
+#[derive(Debug, Clone)]
+pub struct EngineBackendConfig {
+    /// Name in logs and metrics.
+    pub name: String,
+    /// Batch size, prefill budget and CPU threads of this worker.
+    pub engine: EngineConfig,
+}
+
+type Reply = oneshot::Sender<Result<GenOutput, BackendError>>;
+
+/// Messages to the worker thread. Each state change is acknowledged so callers know when it
+/// took effect (a pause that returned has stopped generation).
+enum Command {
+    Submit(Box<GenRequest>, Reply),
+    Abort(RequestId),
+    Pause(PauseMode, oneshot::Sender<()>),
+    Resume(oneshot::Sender<()>),
+    SetWeights(Arc<Transformer>, PolicyVersion, oneshot::Sender<()>),
+    Load(oneshot::Sender<BackendLoad>),
+}
+
+/// One embedded engine worker.
+pub struct EngineBackend {
+    name: String,
+    tx: std_mpsc::Sender<Command>,
+    /// The model now served, to load disk checkpoints onto the same device and dtype.
+    current: std::sync::Mutex<Arc<Transformer>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for EngineBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineBackend").field("name", &self.name).finish()
+    }
+}
+
+impl EngineBackend {
+    /// Starts a worker serving `model` as `version`.
+    pub fn start(
+        model: Arc<Transformer>,
+        version: PolicyVersion,
+        cfg: EngineBackendConfig,
+    ) -> Result<Self, BackendError> {
+        let engine = Engine::new(Arc::clone(&model), version, cfg.engine.clone())?;
+        let (tx, rx) = std_mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("{}-worker", cfg.name))
+            .spawn(move || Worker::new(engine).run(rx))
+            .map_err(|e| BackendError::Unavailable {
+                backend: cfg.name.clone(),
+                reason: format!("cannot spawn worker thread: {e}"),
+            })?;
+        Ok(EngineBackend {
+            name: cfg.name,
+            tx,
+            current: std::sync::Mutex::new(model),
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, cmd: Command) -> Result<(), BackendError> {
+        self.tx
+            .send(cmd)
+            .map_err(|_| BackendError::Shutdown(self.name.clone()))
+    }
+
+    async fn ack<T>(&self, rx: oneshot::Receiver<T>) -> Result<T, BackendError> {
+        rx.await.map_err(|_| BackendError::Shutdown(self.name.clone()))
+    }
+}
+
+impl Drop for EngineBackend {
+    fn drop(&mut self) {
+        // Closing the channel stops the worker after its current step; joining would block
+        // an async caller, so the thread is detached and exits on its own.
+        drop(self.thread.take());
+    }
+}
+
+#[async_trait]
+impl Backend for EngineBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Submit(Box::new(req), tx))?;
+        self.ack(rx).await?
+    }
+
+    async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
+        self.send(Command::Abort(id))
+    }
+
+    async fn pause(&self, mode: PauseMode) -> Result<(), BackendError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Pause(mode, tx))?;
+        self.ack(rx).await
+    }
+
+    async fn resume(&self) -> Result<(), BackendError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Resume(tx))?;
+        self.ack(rx).await
+    }
+
+    async fn update_weights(&self, update: &WeightUpdate) -> Result<(), BackendError> {
+        let (model, version) = match update {
+            WeightUpdate::InProcess { model, version } => (Arc::clone(model), *version),
+            WeightUpdate::Disk { path, version } => {
+                let current = match self.current.lock() {
+                    Ok(g) => Arc::clone(&g),
+                    Err(p) => Arc::clone(&p.into_inner()),
+                };
+                let path = path.clone();
+                // Loading reads and converts every tensor: keep it off the async runtime
+                // and off the worker, which goes on generating meanwhile.
+                let loaded = tokio::task::spawn_blocking(move || {
+                    rollflash_model::hf::load_dir(&path, current.dtype(), current.device())
+                })
+                .await
+                .map_err(|e| BackendError::Unavailable {
+                    backend: self.name.clone(),
+                    reason: format!("weight loading task failed: {e}"),
+                })??;
+                (Arc::new(loaded.model), *version)
+            }
+        };
+        match self.current.lock() {
+            Ok(mut g) => *g = Arc::clone(&model),
+            Err(p) => *p.into_inner() = Arc::clone(&model),
+        }
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::SetWeights(model, version, tx))?;
+        self.ack(rx).await
+    }
+
+    async fn load(&self) -> Result<BackendLoad, BackendError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Load(tx))?;
+        self.ack(rx).await
+    }
+
+    async fn health(&self) -> Result<(), BackendError> {
+        self.load().await.map(|_| ())
+    }
+}
+
+/// The worker thread's state: the engine and who is waiting for which request.
+struct Worker {
+    engine: Engine,
+    replies: HashMap<RequestId, (Reply, PolicyVersion)>,
+    paused: bool,
+}
+
+impl Worker {
+    fn new(engine: Engine) -> Self {
+        Worker {
+            engine,
+            replies: HashMap::new(),
+            paused: false,
+        }
+    }
+
+    fn run(mut self, rx: std_mpsc::Receiver<Command>) {
+        loop {
+            // Block for a command only when there is nothing to generate; otherwise take
+            // what has arrived and go on stepping.
+            let busy = !self.paused && !self.engine.is_idle();
+            if busy {
+                loop {
+                    match rx.try_recv() {
+                        Ok(cmd) => self.handle(cmd),
+                        Err(std_mpsc::TryRecvError::Empty) => break,
+                        Err(std_mpsc::TryRecvError::Disconnected) => return self.shutdown(),
+                    }
+                }
+            } else {
+                match rx.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => return self.shutdown(),
+                }
+                continue;
+            }
+            if self.paused || self.engine.is_idle() {
+                continue;
+            }
+            match self.engine.step() {
+                Ok(out) => {
+                    for c in out.finished {
+                        self.finish(c);
+                    }
+                }
+                Err(e) => {
+                    // The step failed as a whole: every request in it fails, the worker stays.
+                    let msg = e.to_string();
+                    for c in self.engine.abort_all() {
+                        if let Some((reply, _)) = self.replies.remove(&c.id) {
+                            let _ = reply.send(Err(BackendError::InvalidRequest(format!(
+                                "engine step failed: {msg}"
+                            ))));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit(req, reply) => {
+                let req = *req;
+                let id = req.id;
+                if self.replies.contains_key(&id) {
+                    let _ = reply.send(Err(BackendError::InvalidRequest(format!(
+                        "{id} is already running on this backend"
+                    ))));
+                    return;
+                }
+                let start = req.start_version;
+                let er = EngineRequest {
+                    id,
+                    prompt: req.prompt,
+                    params: req.params,
+                    resume: req.resume,
+                };
+                match self.engine.submit(er) {
+                    Ok(()) => {
+                        self.replies.insert(id, (reply, start));
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(BackendError::InvalidRequest(e.to_string())));
+                    }
+                }
+            }
+            Command::Abort(id) => {
+                if let Some(c) = self.engine.abort(id) {
+                    self.finish(c);
+                }
+            }
+            Command::Pause(mode, ack) => {
+                self.paused = true;
+                if mode == PauseMode::Abort {
+                    for c in self.engine.abort_all() {
+                        self.finish(c);
+                    }
+                }
+                let _ = ack.send(());
+            }
+            Command::Resume(ack) => {
+                self.paused = false;
+                let _ = ack.send(());
+            }
+            Command::SetWeights(model, version, ack) => {
+                self.engine.set_weights(model, version);
+                let _ = ack.send(());
+            }
+            Command::Load(reply) => {
+                let _ = reply.send(BackendLoad {
+                    running: self.engine.num_running(),
+                    waiting: self.engine.num_waiting(),
+                    version: self.engine.version(),
+                });
+            }
+        }
+    }
+
+    fn finish(&mut self, c: Completion) {
+        if let Some((reply, start_version)) = self.replies.remove(&c.id) {
+            let _ = reply.send(Ok(GenOutput {
+                id: c.id,
+                prompt_len: c.prompt_len,
+                output: c.output,
+                finish_reason: c.finish_reason,
+                start_version,
+            }));
+        }
+    }
+
+    fn shutdown(mut self) {
+        for c in self.engine.abort_all() {
+            debug_assert_eq!(c.finish_reason, FinishReason::Aborted);
+            self.finish(c);
+        }
+    }
+}

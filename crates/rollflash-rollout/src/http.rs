@@ -1,0 +1,1 @@
+//! HTTP client backends: SGLang-native and OpenAI-compatible servers.

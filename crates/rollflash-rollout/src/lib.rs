@@ -1,0 +1,12 @@
+//! `rollflash-rollout`: the rollout plane. The [`Backend`] trait and its implementations (the
+//! embedded engine, SGLang-native and OpenAI-compatible HTTP servers), the `LLMProxy` that
+//! queues, routes and replicates requests in front of them, the HTTP server behind
+//! `rollflash serve`, and the `EnvManager` that runs one trajectory through an environment.
+
+pub mod backend;
+pub mod engine_backend;
+pub mod http;
+pub mod server;
+
+pub use backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
+pub use engine_backend::{EngineBackend, EngineBackendConfig};

@@ -1,0 +1,1 @@
+//! The Backend conformance suite, run against the engine backend.

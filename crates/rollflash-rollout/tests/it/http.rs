@@ -1,0 +1,1 @@
+//! HTTP backends against the in-process server.

@@ -1,0 +1,1 @@
+//! `rollflash env-serve` as a real process.

@@ -1,0 +1,1 @@
+//! `rollflash serve` as a real process, driven through the HTTP backends.
