@@ -3,6 +3,7 @@
 //! No I/O and no tensors live here.
 
 pub mod gen;
+pub mod proxy;
 
 pub use gen::{GenOutput, GenRequest, Generated, InvalidParams, SamplingParams};
 

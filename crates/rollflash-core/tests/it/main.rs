@@ -1,0 +1,3 @@
+//! Integration tests of `rollflash-core`: the scheduling state machines.
+
+mod proxy;
