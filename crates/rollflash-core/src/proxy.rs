@@ -35,8 +35,13 @@ pub enum Affinity {
     /// Anywhere the policy picks.
     None,
     /// Prefer the backend earlier requests with this key ran on (a multi-turn trajectory
-    /// keeps its prefix cache); go elsewhere only if that backend left rotation.
+    /// keeps its prefix cache); go elsewhere only if that backend left rotation. Honoured by
+    /// the `sticky` routing policy.
     Sticky(u64),
+    /// Run on the same backend as every other live request with this key, whatever the
+    /// policy: the `n` samples of one prompt served as one `n`-per-request call, the way
+    /// a server with `n > 1` runs them (the alternative to prompt replication).
+    Pinned(u64),
 }
 
 /// How a backend answered one attempt.
@@ -299,6 +304,9 @@ pub struct ProxyScheduler {
     queue: VecDeque<RequestId>,
     entries: HashMap<RequestId, Entry>,
     groups: HashMap<GroupId, Vec<RequestId>>,
+    /// `Affinity::Pinned` keys with live requests: their backend once the first one was
+    /// routed, and how many requests with the key are live (queued or running).
+    pins: HashMap<u64, (Option<BackendId>, usize)>,
     paused: Option<PauseMode>,
     counters: ProxyCounters,
     latencies: LatencyWindow,
@@ -326,6 +334,7 @@ impl ProxyScheduler {
             queue: VecDeque::new(),
             entries: HashMap::new(),
             groups: HashMap::new(),
+            pins: HashMap::new(),
             paused: None,
             counters: ProxyCounters::default(),
             latencies: LatencyWindow::new(100_000),
@@ -416,6 +425,9 @@ impl ProxyScheduler {
                 );
                 if let Some(g) = group {
                     self.groups.entry(g).or_default().push(id);
+                }
+                if let Affinity::Pinned(key) = affinity {
+                    self.pins.entry(key).or_insert((None, 0)).1 += 1;
                 }
                 self.queue.push_back(id);
                 self.dispatch(out);
@@ -593,6 +605,9 @@ impl ProxyScheduler {
         let Some(e) = self.entries.remove(&id) else {
             return;
         };
+        if let Affinity::Pinned(key) = e.affinity {
+            self.unpin(key);
+        }
         if let Some(g) = e.group {
             if let Some(members) = self.groups.get_mut(&g) {
                 members.retain(|&m| m != id);
@@ -608,6 +623,38 @@ impl ProxyScheduler {
         }
         self.latencies.record(now.saturating_sub(e.submitted_at));
         out.push(ProxyAction::Complete { id, completion });
+    }
+
+    fn unpin(&mut self, key: u64) {
+        if let Some((_, live)) = self.pins.get_mut(&key) {
+            *live = live.saturating_sub(1);
+            if *live == 0 {
+                self.pins.remove(&key);
+            }
+        }
+    }
+
+    /// Where a request goes now, if anywhere.
+    fn route(&mut self, affinity: Affinity) -> Option<BackendId> {
+        if let Affinity::Pinned(key) = affinity {
+            if let Some((Some(b), _)) = self.pins.get(&key) {
+                let view = self.views.get(b.0)?;
+                if view.healthy {
+                    return view.has_room().then_some(*b);
+                }
+                // Its backend left rotation: the key is re-pinned wherever the policy says.
+            }
+        }
+        let b = self.policy.select(affinity, &self.views)?;
+        if !self.views.get(b.0).is_some_and(BackendView::has_room) {
+            return None;
+        }
+        if let Affinity::Pinned(key) = affinity {
+            if let Some((home, _)) = self.pins.get_mut(&key) {
+                *home = Some(b);
+            }
+        }
+        Some(b)
     }
 
     fn release(&mut self, backend: BackendId) {
@@ -631,8 +678,12 @@ impl ProxyScheduler {
                 self.queue.remove(i);
                 continue;
             };
-            match self.policy.select(e.affinity, &self.views) {
-                Some(b) if self.views.get(b.0).is_some_and(BackendView::has_room) => {
+            let affinity = e.affinity;
+            match self.route(affinity) {
+                Some(b) => {
+                    let Some(e) = self.entries.get_mut(&id) else {
+                        continue;
+                    };
                     self.queue.remove(i);
                     e.state = State::Running {
                         backend: b,
@@ -647,7 +698,7 @@ impl ProxyScheduler {
                         attempt: e.attempt,
                     });
                 }
-                _ => i += 1,
+                None => i += 1,
             }
         }
     }

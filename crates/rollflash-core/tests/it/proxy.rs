@@ -181,6 +181,23 @@ fn sticky_moves_when_its_backend_leaves_rotation() {
 }
 
 #[test]
+fn pinned_requests_share_one_backend_whatever_the_policy() {
+    let mut h = Harness::new("round_robin", &[4, 4]);
+    for id in 0..6 {
+        h.submit_with(id, Some(1), Affinity::Pinned(1));
+    }
+    // All on the first backend chosen; the two that do not fit wait for it.
+    let b = h.backend_of(0).unwrap();
+    assert_eq!((0..4).filter(|&id| h.backend_of(id) == Some(b)).count(), 4);
+    assert_eq!(h.s.queue_depth(), 2);
+    // Unpinned work still uses the other backend.
+    h.submit(10);
+    assert!(h.backend_of(10).is_some_and(|x| x != b));
+    h.finish(0, Outcome::Done);
+    assert_eq!(h.backend_of(4), Some(b));
+}
+
+#[test]
 fn abort_queued_completes_at_once_and_abort_running_waits_for_the_backend() {
     let mut h = Harness::new("least_loaded", &[1]);
     h.submit(0);
@@ -355,10 +372,10 @@ fn storm(policy: &str, seed: u64) {
         match rng.random_range(0..100) {
             0..=34 => {
                 let group = Some(rng.random_range(0..8));
-                let affinity = if rng.random_bool(0.5) {
-                    Affinity::Sticky(rng.random_range(0..16))
-                } else {
-                    Affinity::None
+                let affinity = match rng.random_range(0..3) {
+                    0 => Affinity::Sticky(rng.random_range(0..16)),
+                    1 => Affinity::Pinned(rng.random_range(0..16)),
+                    _ => Affinity::None,
                 };
                 h.submit_with(next_id, group, affinity);
                 next_id += 1;
