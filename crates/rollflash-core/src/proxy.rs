@@ -62,7 +62,9 @@ pub enum Completion {
     /// Aborted by `Abort` / `AbortGroup`; the partial output is returned.
     Aborted,
     /// Failed for good (not retryable, or out of retries).
-    Failed { reason: String },
+    Failed {
+        reason: String,
+    },
 }
 
 /// Inputs of the state machine.
@@ -107,7 +109,10 @@ pub enum ProxyAction {
     /// Ask the backend to abort the request (it will still answer, as aborted).
     Cancel { id: RequestId, backend: BackendId },
     /// The request is over; answer its caller.
-    Complete { id: RequestId, completion: Completion },
+    Complete {
+        id: RequestId,
+        completion: Completion,
+    },
 }
 
 /// What a routing policy sees of one backend.

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rollflash_core::{GenOutput, GenRequest, PolicyVersion, RequestId};
 pub use rollflash_core::PauseMode;
+use rollflash_core::{GenOutput, GenRequest, PolicyVersion, RequestId};
 use rollflash_model::model::Transformer;
 
 /// New policy weights for a backend.
@@ -18,14 +18,19 @@ pub enum WeightUpdate {
         version: PolicyVersion,
     },
     /// A Hugging Face directory the trainer wrote (remote servers reload from it).
-    Disk { path: PathBuf, version: PolicyVersion },
+    Disk {
+        path: PathBuf,
+        version: PolicyVersion,
+    },
 }
 
 impl WeightUpdate {
     /// The version these weights are.
     pub fn version(&self) -> PolicyVersion {
         match self {
-            WeightUpdate::InProcess { version, .. } | WeightUpdate::Disk { version, .. } => *version,
+            WeightUpdate::InProcess { version, .. } | WeightUpdate::Disk { version, .. } => {
+                *version
+            }
         }
     }
 }
@@ -33,9 +38,10 @@ impl WeightUpdate {
 impl std::fmt::Debug for WeightUpdate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            WeightUpdate::InProcess { version, .. } => {
-                f.debug_struct("InProcess").field("version", version).finish()
-            }
+            WeightUpdate::InProcess { version, .. } => f
+                .debug_struct("InProcess")
+                .field("version", version)
+                .finish(),
             WeightUpdate::Disk { path, version } => f
                 .debug_struct("Disk")
                 .field("path", path)
@@ -87,7 +93,9 @@ impl BackendError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            BackendError::Unavailable { .. } | BackendError::Timeout { .. } | BackendError::Shutdown(_)
+            BackendError::Unavailable { .. }
+                | BackendError::Timeout { .. }
+                | BackendError::Shutdown(_)
         )
     }
 }

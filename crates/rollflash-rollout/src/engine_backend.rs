@@ -48,7 +48,9 @@ pub struct EngineBackend {
 
 impl std::fmt::Debug for EngineBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineBackend").field("name", &self.name).finish()
+        f.debug_struct("EngineBackend")
+            .field("name", &self.name)
+            .finish()
     }
 }
 
@@ -83,7 +85,8 @@ impl EngineBackend {
     }
 
     async fn ack<T>(&self, rx: oneshot::Receiver<T>) -> Result<T, BackendError> {
-        rx.await.map_err(|_| BackendError::Shutdown(self.name.clone()))
+        rx.await
+            .map_err(|_| BackendError::Shutdown(self.name.clone()))
     }
 }
 

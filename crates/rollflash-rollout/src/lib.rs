@@ -6,7 +6,14 @@
 pub mod backend;
 pub mod engine_backend;
 pub mod http;
+pub mod instant;
+pub mod proxy;
 pub mod server;
 
 pub use backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
 pub use engine_backend::{EngineBackend, EngineBackendConfig};
+pub use instant::InstantBackend;
+pub use proxy::{
+    BackendEntry, LlmProxy, ProxyConfig, ProxyError, ProxyHandle, ProxyMetrics, Replication,
+    SyncTimings,
+};

@@ -26,10 +26,8 @@ struct Harness {
 
 impl Harness {
     fn new(policy: &str, capacities: &[usize]) -> Self {
-        let mut s = ProxyScheduler::new(
-            ProxySchedConfig::default(),
-            routing_policy(policy).unwrap(),
-        );
+        let mut s =
+            ProxyScheduler::new(ProxySchedConfig::default(), routing_policy(policy).unwrap());
         for &c in capacities {
             s.add_backend(c);
         }
@@ -163,7 +161,11 @@ fn sticky_keeps_a_trajectory_on_its_backend_without_blocking_others() {
     h.submit_with(1, None, Affinity::Sticky(7));
     assert!(h.backend_of(1).is_none(), "turn 2 waits for its home");
     h.submit(2);
-    assert_eq!(h.backend_of(2), Some(BackendId(1)), "others are not blocked behind it");
+    assert_eq!(
+        h.backend_of(2),
+        Some(BackendId(1)),
+        "others are not blocked behind it"
+    );
     h.finish(100, Outcome::Done);
     assert_eq!(h.backend_of(1), Some(home));
 }
@@ -437,12 +439,10 @@ fn storm(policy: &str, seed: u64) {
     }
     // Drain: resume, bring everything up, finish whatever runs until nothing is live.
     h.ev(ProxyEvent::Resume);
-    for b in 0..3 {
-        if down[b] {
-            h.ev(ProxyEvent::BackendUp {
-                backend: BackendId(b),
-            });
-        }
+    for (b, _) in down.iter().enumerate().filter(|(_, d)| **d) {
+        h.ev(ProxyEvent::BackendUp {
+            backend: BackendId(b),
+        });
     }
     let mut guard = 0;
     while let Some(&id) = h.running.keys().next() {
@@ -454,7 +454,11 @@ fn storm(policy: &str, seed: u64) {
     assert_eq!(h.completed.len() as u64, next_id, "seed {seed}");
     let c = h.s.counters();
     assert_eq!(c.submitted, next_id);
-    assert_eq!(c.completed + c.aborted + c.failed, next_id, "seed {seed}: {c:?}");
+    assert_eq!(
+        c.completed + c.aborted + c.failed,
+        next_id,
+        "seed {seed}: {c:?}"
+    );
 }
 
 fn pick<'a, T>(rng: &mut ChaCha8Rng, v: &'a [T]) -> Option<&'a T> {

@@ -1,4 +1,9 @@
 //! Integration tests of `rollflash-rollout`: backends (conformance), proxy, HTTP, EnvManager.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
 mod conformance;
 mod http;
+mod proxy;

@@ -1,0 +1,726 @@
+//! `LlmProxy`: the front door to all backends. A task owns the scheduler state machine
+//! (`rollflash_core::proxy`) and the request payloads, and carries out its actions against
+//! real backends; callers talk to it through a cloneable [`ProxyHandle`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollflash_core::proxy::{
+    Affinity, BackendId, Completion, GroupId, Outcome, ProxyAction, ProxyCounters, ProxyEvent,
+    ProxySchedConfig, ProxyScheduler, RoutingPolicy,
+};
+use rollflash_core::{FinishReason, GenOutput, GenRequest, PauseMode, RequestId};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::backend::{Backend, BackendError, WeightUpdate};
+
+/// Why a proxied request produced no output.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The request failed for good (not retryable, or out of retries).
+    #[error("request {id} failed: {reason}")]
+    Failed { id: RequestId, reason: String },
+    /// The proxy was shut down.
+    #[error("the proxy is shut down")]
+    Shutdown,
+    /// A weight sync failed on some backends (they left rotation).
+    #[error("weight sync to version {version} failed on {failed:?}")]
+    Sync {
+        version: rollflash_core::PolicyVersion,
+        failed: Vec<String>,
+    },
+}
+
+/// Settings of the proxy.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Scheduler settings (retries, look-ahead).
+    pub sched: ProxySchedConfig,
+    /// How often an out-of-rotation backend is probed with `health`.
+    pub health_probe_interval: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            sched: ProxySchedConfig::default(),
+            health_probe_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// One backend with its admission limit.
+pub struct BackendEntry {
+    pub backend: Arc<dyn Backend>,
+    /// At most this many requests run on it at once; the rest wait in the proxy's queue.
+    pub max_running_requests: usize,
+}
+
+/// How the `n` responses of one prompt are requested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Replication {
+    /// Prompt replication (ROLL's `is_num_return_sequences_expand`): `n` independent
+    /// requests that may run on different backends and finish independently.
+    #[default]
+    Expand,
+    /// One `n`-per-request call: all `n` run together on one backend.
+    PerRequest,
+}
+
+/// A snapshot of the proxy's metrics.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyMetrics {
+    pub queue_depth: usize,
+    /// Per backend: name, running requests, in rotation.
+    pub backends: Vec<(String, usize, bool)>,
+    pub counters: ProxyCounters,
+    /// Generated tokens returned to callers (finished and aborted requests).
+    pub tokens: u64,
+    /// `tokens` divided by the proxy's age.
+    pub tokens_per_sec: f64,
+    pub latency_p50: Option<Duration>,
+    pub latency_p90: Option<Duration>,
+    pub latency_p99: Option<Duration>,
+    pub paused: Option<PauseMode>,
+}
+
+/// Time spent in each phase of one weight sync.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SyncTimings {
+    pub pause: Duration,
+    pub update: Duration,
+    pub resume: Duration,
+}
+
+impl SyncTimings {
+    /// Pause + update + resume.
+    pub fn total(&self) -> Duration {
+        self.pause + self.update + self.resume
+    }
+}
+
+type Reply = oneshot::Sender<Result<GenOutput, ProxyError>>;
+
+/// The closed set of messages the proxy task handles.
+enum Msg {
+    Generate {
+        req: Box<GenRequest>,
+        group: Option<GroupId>,
+        affinity: Affinity,
+        reply: Reply,
+    },
+    Abort(RequestId),
+    AbortGroup(GroupId),
+    Forget(u64),
+    Reply {
+        id: RequestId,
+        backend: BackendId,
+        attempt: u32,
+        result: Result<GenOutput, BackendError>,
+    },
+    Pause(PauseMode, oneshot::Sender<()>),
+    Resume(oneshot::Sender<()>),
+    /// Every backend resumed: dispatch again, then acknowledge.
+    Resumed(oneshot::Sender<()>),
+    BackendDown(BackendId),
+    BackendUp(BackendId),
+    Metrics(oneshot::Sender<ProxyMetrics>),
+    Shutdown(oneshot::Sender<ProxyCounters>),
+}
+
+/// A cloneable handle to the proxy task.
+#[derive(Clone)]
+pub struct ProxyHandle {
+    tx: mpsc::UnboundedSender<Msg>,
+    ids: Arc<AtomicU64>,
+    groups: Arc<AtomicU64>,
+    backends: Arc<Vec<Arc<dyn Backend>>>,
+}
+
+impl std::fmt::Debug for ProxyHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyHandle")
+            .field("backends", &self.backends.len())
+            .finish()
+    }
+}
+
+/// The proxy: owns its task. Dropping it (and every handle) stops the task.
+pub struct LlmProxy {
+    handle: ProxyHandle,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for LlmProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmProxy")
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+impl LlmProxy {
+    /// Starts the proxy task over `backends`, routed by `policy`. Must be called inside a
+    /// tokio runtime.
+    pub fn start(
+        backends: Vec<BackendEntry>,
+        policy: Box<dyn RoutingPolicy>,
+        cfg: ProxyConfig,
+    ) -> LlmProxy {
+        let mut sched = ProxyScheduler::new(cfg.sched.clone(), policy);
+        let list: Vec<Arc<dyn Backend>> = backends
+            .iter()
+            .map(|b| {
+                sched.add_backend(b.max_running_requests);
+                Arc::clone(&b.backend)
+            })
+            .collect();
+        let list = Arc::new(list);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let state = ProxyTask {
+            sched,
+            backends: Arc::clone(&list),
+            pending: HashMap::new(),
+            tx: tx.clone(),
+            start: Instant::now(),
+            tokens: 0,
+            tasks: JoinSet::new(),
+            probing: vec![false; list.len()],
+            probe_interval: cfg.health_probe_interval,
+            actions: Vec::new(),
+        };
+        let task = tokio::spawn(state.run(rx));
+        LlmProxy {
+            handle: ProxyHandle {
+                tx,
+                ids: Arc::new(AtomicU64::new(1)),
+                groups: Arc::new(AtomicU64::new(1)),
+                backends: list,
+            },
+            task,
+        }
+    }
+
+    /// A handle for callers.
+    pub fn handle(&self) -> ProxyHandle {
+        self.handle.clone()
+    }
+
+    /// Aborts everything in flight (callers get their partial outputs), stops the task and
+    /// returns the final counters.
+    pub async fn shutdown(self) -> Result<ProxyCounters, ProxyError> {
+        let (tx, rx) = oneshot::channel();
+        self.handle
+            .tx
+            .send(Msg::Shutdown(tx))
+            .map_err(|_| ProxyError::Shutdown)?;
+        let counters = rx.await.map_err(|_| ProxyError::Shutdown)?;
+        let _ = self.task.await;
+        Ok(counters)
+    }
+}
+
+impl ProxyHandle {
+    /// A fresh request id, unique within this proxy.
+    pub fn next_id(&self) -> RequestId {
+        RequestId(self.ids.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// A fresh group id.
+    pub fn next_group(&self) -> GroupId {
+        GroupId(self.groups.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The backends behind the proxy, in id order.
+    pub fn backends(&self) -> &[Arc<dyn Backend>] {
+        &self.backends
+    }
+
+    /// Generates one request (its `id` must be unique among live requests: use
+    /// [`ProxyHandle::next_id`]). An aborted request returns its partial output with
+    /// `FinishReason::Aborted`.
+    pub async fn generate(&self, req: GenRequest) -> Result<GenOutput, ProxyError> {
+        self.generate_with(req, None, Affinity::None).await
+    }
+
+    /// Generates one request as a member of `group` and with a routing affinity.
+    pub async fn generate_with(
+        &self,
+        req: GenRequest,
+        group: Option<GroupId>,
+        affinity: Affinity,
+    ) -> Result<GenOutput, ProxyError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Generate {
+                req: Box::new(req),
+                group,
+                affinity,
+                reply: tx,
+            })
+            .map_err(|_| ProxyError::Shutdown)?;
+        rx.await.map_err(|_| ProxyError::Shutdown)?
+    }
+
+    /// Generates `n` responses to one prompt. With [`Replication::Expand`] they are `n`
+    /// independent requests (seeds `seed + i` when the params carry a seed); with
+    /// `PerRequest` they run together on one backend. Results are in index order.
+    pub async fn generate_n(
+        &self,
+        prompt: Vec<u32>,
+        params: rollflash_core::SamplingParams,
+        start_version: rollflash_core::PolicyVersion,
+        n: usize,
+        replication: Replication,
+    ) -> (GroupId, Vec<Result<GenOutput, ProxyError>>) {
+        let group = self.next_group();
+        let affinity = match replication {
+            Replication::Expand => Affinity::None,
+            Replication::PerRequest => Affinity::Pinned(group.0),
+        };
+        let futs = (0..n).map(|i| {
+            let mut params = params.clone();
+            params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
+            let req = GenRequest {
+                id: self.next_id(),
+                prompt: prompt.clone(),
+                params,
+                start_version,
+                resume: None,
+            };
+            self.generate_with(req, Some(group), affinity)
+        });
+        (group, futures::future::join_all(futs).await)
+    }
+
+    /// Aborts one request.
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.tx.send(Msg::Abort(id));
+    }
+
+    /// Aborts every live request of a group.
+    pub fn abort_group(&self, group: GroupId) {
+        let _ = self.tx.send(Msg::AbortGroup(group));
+    }
+
+    /// The trajectory behind a sticky key ended.
+    pub fn forget_affinity(&self, key: u64) {
+        let _ = self.tx.send(Msg::Forget(key));
+    }
+
+    /// Stops dispatching and pauses every backend. In `Abort` mode in-flight requests
+    /// come back with their partial output and are resumed after `resume`, from those
+    /// tokens and under the then-current weights; their callers see one finished output.
+    pub async fn pause(&self, mode: PauseMode) -> Result<(), ProxyError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Pause(mode, tx))
+            .map_err(|_| ProxyError::Shutdown)?;
+        rx.await.map_err(|_| ProxyError::Shutdown)
+    }
+
+    /// Resumes every backend and dispatching.
+    pub async fn resume(&self) -> Result<(), ProxyError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Resume(tx))
+            .map_err(|_| ProxyError::Shutdown)?;
+        rx.await.map_err(|_| ProxyError::Shutdown)
+    }
+
+    /// Publishes new weights: pause (in `mode`), update every backend, resume. A backend
+    /// whose update fails leaves rotation (it does not serve stale weights) until a later
+    /// sync succeeds on it; the error names it.
+    pub async fn sync_weights(
+        &self,
+        update: &WeightUpdate,
+        mode: PauseMode,
+    ) -> Result<SyncTimings, ProxyError> {
+        let t0 = Instant::now();
+        self.pause(mode).await?;
+        let t1 = Instant::now();
+        let results =
+            futures::future::join_all(self.backends.iter().map(|b| b.update_weights(update))).await;
+        let mut failed = Vec::new();
+        for (i, r) in results.into_iter().enumerate() {
+            let id = BackendId(i);
+            match r {
+                Ok(()) => {
+                    let _ = self.tx.send(Msg::BackendUp(id));
+                }
+                Err(e) => {
+                    tracing::warn!(backend = self.backends[i].name(), error = %e, "weight sync failed");
+                    failed.push(self.backends[i].name().to_string());
+                    let _ = self.tx.send(Msg::BackendDown(id));
+                }
+            }
+        }
+        let t2 = Instant::now();
+        self.resume().await?;
+        let timings = SyncTimings {
+            pause: t1 - t0,
+            update: t2 - t1,
+            resume: t2.elapsed(),
+        };
+        if failed.is_empty() {
+            Ok(timings)
+        } else {
+            Err(ProxyError::Sync {
+                version: update.version(),
+                failed,
+            })
+        }
+    }
+
+    /// A metrics snapshot.
+    pub async fn metrics(&self) -> Result<ProxyMetrics, ProxyError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Metrics(tx))
+            .map_err(|_| ProxyError::Shutdown)?;
+        rx.await.map_err(|_| ProxyError::Shutdown)
+    }
+}
+
+struct Pending {
+    /// The request, with `resume` holding everything generated so far.
+    req: GenRequest,
+    reply: Reply,
+    /// The attempt now in flight, to recognise its reply.
+    current: Option<(BackendId, u32)>,
+    /// How the last finished attempt ended.
+    finish: FinishReason,
+}
+
+/// The proxy task's state.
+struct ProxyTask {
+    sched: ProxyScheduler,
+    backends: Arc<Vec<Arc<dyn Backend>>>,
+    pending: HashMap<RequestId, Pending>,
+    tx: mpsc::UnboundedSender<Msg>,
+    start: Instant,
+    tokens: u64,
+    /// Every backend call in flight; aborted on shutdown so nothing outlives the proxy.
+    tasks: JoinSet<()>,
+    /// Backends being probed back into rotation.
+    probing: Vec<bool>,
+    probe_interval: Duration,
+    actions: Vec<ProxyAction>,
+}
+
+impl ProxyTask {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        while let Some(msg) = rx.recv().await {
+            while self.tasks.try_join_next().is_some() {}
+            if let Msg::Shutdown(reply) = msg {
+                self.shutdown(&mut rx).await;
+                let _ = reply.send(self.sched.counters().clone());
+                return;
+            }
+            self.handle(msg);
+        }
+        // Every handle dropped: nobody is waiting for anything.
+        self.tasks.shutdown().await;
+    }
+
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    fn feed(&mut self, event: ProxyEvent) {
+        let now = self.now();
+        let mut actions = std::mem::take(&mut self.actions);
+        self.sched.handle(now, event, &mut actions);
+        for a in actions.drain(..) {
+            self.act(a);
+        }
+        self.actions = actions;
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Generate {
+                req,
+                group,
+                affinity,
+                reply,
+            } => {
+                let id = req.id;
+                if self.pending.contains_key(&id) {
+                    let _ = reply.send(Err(ProxyError::Failed {
+                        id,
+                        reason: format!("{id} is already live in the proxy"),
+                    }));
+                    return;
+                }
+                self.pending.insert(
+                    id,
+                    Pending {
+                        req: *req,
+                        reply,
+                        current: None,
+                        finish: FinishReason::Stop,
+                    },
+                );
+                self.feed(ProxyEvent::Submit {
+                    id,
+                    group,
+                    affinity,
+                });
+            }
+            Msg::Abort(id) => self.feed(ProxyEvent::Abort { id }),
+            Msg::AbortGroup(group) => self.feed(ProxyEvent::AbortGroup { group }),
+            Msg::Forget(key) => self.sched.forget_affinity(key),
+            Msg::Reply {
+                id,
+                backend,
+                attempt,
+                result,
+            } => self.on_reply(id, backend, attempt, result),
+            Msg::Pause(mode, ack) => {
+                self.feed(ProxyEvent::Pause { mode });
+                let backends = Arc::clone(&self.backends);
+                self.tasks.spawn(async move {
+                    let _ = futures::future::join_all(backends.iter().map(|b| b.pause(mode))).await;
+                    let _ = ack.send(());
+                });
+            }
+            Msg::Resume(ack) => {
+                let backends = Arc::clone(&self.backends);
+                let tx = self.tx.clone();
+                self.tasks.spawn(async move {
+                    let _ = futures::future::join_all(backends.iter().map(|b| b.resume())).await;
+                    // Dispatch only once the backends generate again.
+                    let _ = tx.send(Msg::Resumed(ack));
+                });
+            }
+            Msg::Resumed(ack) => {
+                self.feed(ProxyEvent::Resume);
+                let _ = ack.send(());
+            }
+            Msg::BackendDown(b) => {
+                self.feed(ProxyEvent::BackendDown { backend: b });
+                self.start_probe(b);
+            }
+            Msg::BackendUp(b) => {
+                if let Some(p) = self.probing.get_mut(b.0) {
+                    *p = false;
+                }
+                self.feed(ProxyEvent::BackendUp { backend: b });
+            }
+            Msg::Metrics(reply) => {
+                let _ = reply.send(self.metrics());
+            }
+            Msg::Shutdown(_) => {}
+        }
+    }
+
+    fn on_reply(
+        &mut self,
+        id: RequestId,
+        backend: BackendId,
+        attempt: u32,
+        result: Result<GenOutput, BackendError>,
+    ) {
+        let outcome = match result {
+            Ok(out) => {
+                let aborted = out.finish_reason == FinishReason::Aborted;
+                if let Some(p) = self.pending.get_mut(&id) {
+                    // Keep everything generated so far: a resume continues from it, an
+                    // abort returns it. A stale attempt's reply (its backend was declared
+                    // dead meanwhile) must not overwrite newer tokens; the scheduler
+                    // ignores it too.
+                    if p.current == Some((backend, attempt)) {
+                        p.req.resume = Some(out.output);
+                        p.finish = out.finish_reason;
+                    }
+                }
+                if aborted {
+                    Outcome::Aborted
+                } else {
+                    Outcome::Done
+                }
+            }
+            Err(e) => {
+                let retryable = e.is_retryable();
+                if retryable {
+                    // The backend itself is in trouble: take it out of rotation and
+                    // probe it back in, rather than feeding it more requests.
+                    self.feed(ProxyEvent::Finished {
+                        id,
+                        backend,
+                        attempt,
+                        outcome: Outcome::Failed {
+                            retryable,
+                            reason: e.to_string(),
+                        },
+                    });
+                    self.feed(ProxyEvent::BackendDown { backend });
+                    self.start_probe(backend);
+                    return;
+                }
+                Outcome::Failed {
+                    retryable,
+                    reason: e.to_string(),
+                }
+            }
+        };
+        self.feed(ProxyEvent::Finished {
+            id,
+            backend,
+            attempt,
+            outcome,
+        });
+    }
+
+    fn act(&mut self, action: ProxyAction) {
+        match action {
+            ProxyAction::Dispatch {
+                id,
+                backend,
+                attempt,
+            } => {
+                let Some(p) = self.pending.get_mut(&id) else {
+                    return;
+                };
+                p.current = Some((backend, attempt));
+                let req = p.req.clone();
+                let b = Arc::clone(&self.backends[backend.0]);
+                let tx = self.tx.clone();
+                self.tasks.spawn(async move {
+                    let result = b.generate(req).await;
+                    let _ = tx.send(Msg::Reply {
+                        id,
+                        backend,
+                        attempt,
+                        result,
+                    });
+                });
+            }
+            ProxyAction::Cancel { id, backend } => {
+                let b = Arc::clone(&self.backends[backend.0]);
+                self.tasks.spawn(async move {
+                    let _ = b.abort(id).await;
+                });
+            }
+            ProxyAction::Complete { id, completion } => {
+                let Some(p) = self.pending.remove(&id) else {
+                    return;
+                };
+                let result = match completion {
+                    Completion::Done | Completion::Aborted => {
+                        let output = p.req.resume.unwrap_or_default();
+                        self.tokens += output.len() as u64;
+                        Ok(GenOutput {
+                            id,
+                            prompt_len: p.req.prompt.len(),
+                            finish_reason: match completion {
+                                Completion::Aborted => FinishReason::Aborted,
+                                _ => p.finish,
+                            },
+                            output,
+                            start_version: p.req.start_version,
+                        })
+                    }
+                    Completion::Failed { reason } => Err(ProxyError::Failed { id, reason }),
+                };
+                let _ = p.reply.send(result);
+            }
+        }
+    }
+
+    fn start_probe(&mut self, b: BackendId) {
+        if self.probing.get(b.0).copied().unwrap_or(true) {
+            return;
+        }
+        self.probing[b.0] = true;
+        let backend = Arc::clone(&self.backends[b.0]);
+        let tx = self.tx.clone();
+        let interval = self.probe_interval;
+        self.tasks.spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                if backend.health().await.is_ok() {
+                    let _ = tx.send(Msg::BackendUp(b));
+                    return;
+                }
+            }
+        });
+    }
+
+    fn metrics(&self) -> ProxyMetrics {
+        let running = self.sched.running();
+        let lat = self.sched.latencies();
+        let age = self.now().as_secs_f64();
+        ProxyMetrics {
+            queue_depth: self.sched.queue_depth(),
+            backends: self
+                .backends
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    (
+                        b.name().to_string(),
+                        running[i],
+                        self.sched.is_healthy(BackendId(i)),
+                    )
+                })
+                .collect(),
+            counters: self.sched.counters().clone(),
+            tokens: self.tokens,
+            tokens_per_sec: if age > 0.0 {
+                self.tokens as f64 / age
+            } else {
+                0.0
+            },
+            latency_p50: lat.quantile(0.5),
+            latency_p90: lat.quantile(0.9),
+            latency_p99: lat.quantile(0.99),
+            paused: self.sched.paused(),
+        }
+    }
+
+    async fn shutdown(&mut self, rx: &mut mpsc::UnboundedReceiver<Msg>) {
+        let ids: Vec<RequestId> = self.pending.keys().copied().collect();
+        for id in ids {
+            self.feed(ProxyEvent::Abort { id });
+        }
+        // Wait (boundedly: a hung backend must not hang shutdown) for the cancelled
+        // requests' backends to answer, so callers get partial outputs; anything else that
+        // arrives meanwhile is refused.
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        while !self.pending.is_empty() {
+            let Ok(Some(msg)) = tokio::time::timeout_at(deadline, rx.recv()).await else {
+                break;
+            };
+            match msg {
+                Msg::Reply { .. } | Msg::BackendDown(_) | Msg::BackendUp(_) => self.handle(msg),
+                Msg::Generate { reply, .. } => {
+                    let _ = reply.send(Err(ProxyError::Shutdown));
+                }
+                Msg::Pause(_, ack) | Msg::Resume(ack) | Msg::Resumed(ack) => {
+                    let _ = ack.send(());
+                }
+                Msg::Metrics(reply) => {
+                    let _ = reply.send(self.metrics());
+                }
+                Msg::Shutdown(reply) => {
+                    let _ = reply.send(self.sched.counters().clone());
+                }
+                Msg::Abort(_) | Msg::AbortGroup(_) | Msg::Forget(_) => {}
+            }
+        }
+        for (_, p) in self.pending.drain() {
+            let _ = p.reply.send(Err(ProxyError::Shutdown));
+        }
+        self.tasks.shutdown().await;
+    }
+}
+
+/// How long shutdown waits for backends to answer their cancellations.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);

@@ -1,0 +1,302 @@
+//! The LLMProxy over real tasks: queueing, replication, aborts, pause/resume in both modes
+//! with real engines, failover, weight sync, shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollflash_core::proxy::{LeastLoaded, RoundRobin};
+use rollflash_core::{FinishReason, GenRequest, PauseMode, PolicyVersion, SamplingParams};
+use rollflash_rollout::{
+    Backend, BackendEntry, InstantBackend, LlmProxy, ProxyConfig, ProxyError, Replication,
+    WeightUpdate,
+};
+
+use crate::common;
+
+fn entry(b: Arc<dyn Backend>, cap: usize) -> BackendEntry {
+    BackendEntry {
+        backend: b,
+        max_running_requests: cap,
+    }
+}
+
+fn params(n: usize) -> SamplingParams {
+    SamplingParams {
+        max_new_tokens: n,
+        seed: Some(7),
+        ..Default::default()
+    }
+}
+
+/// Waits (in paused time, without racing real sleeps) until `cond` holds.
+async fn until(mut cond: impl FnMut() -> bool) {
+    for _ in 0..10_000 {
+        if cond() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("condition never held");
+}
+
+#[tokio::test(start_paused = true)]
+async fn queue_admits_up_to_capacity_and_completes_everything() {
+    let b = Arc::new(InstantBackend::new("i0"));
+    b.hold();
+    let proxy = LlmProxy::start(
+        vec![entry(b.clone(), 3)],
+        Box::new(LeastLoaded),
+        ProxyConfig::default(),
+    );
+    let h = proxy.handle();
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let h = h.clone();
+        let req = GenRequest::new(h.next_id(), vec![1, 2], params(4));
+        tasks.push(tokio::spawn(async move { h.generate(req).await }));
+    }
+    until(|| b.running() == 3).await;
+    let m = h.metrics().await.unwrap();
+    assert_eq!(m.queue_depth, 7);
+    assert_eq!(m.backends[0].1, 3);
+    b.release();
+    for t in tasks {
+        let out = t.await.unwrap().unwrap();
+        assert_eq!(out.output.len(), 4);
+        assert_eq!(out.finish_reason, FinishReason::Length);
+    }
+    let m = h.metrics().await.unwrap();
+    assert_eq!(m.counters.completed, 10);
+    assert_eq!(m.tokens, 40);
+    let c = proxy.shutdown().await.unwrap();
+    assert_eq!(c.submitted, 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn replication_spreads_a_group_and_per_request_pins_it() {
+    let a = Arc::new(InstantBackend::new("a"));
+    let b = Arc::new(InstantBackend::new("b"));
+    let proxy = LlmProxy::start(
+        vec![entry(a.clone(), 8), entry(b.clone(), 8)],
+        Box::new(RoundRobin::default()),
+        ProxyConfig::default(),
+    );
+    let h = proxy.handle();
+    let (_, outs) = h
+        .generate_n(
+            vec![1, 2, 3],
+            params(5),
+            PolicyVersion(0),
+            8,
+            Replication::Expand,
+        )
+        .await;
+    assert_eq!(outs.len(), 8);
+    assert!(outs.iter().all(|o| o.as_ref().unwrap().output.len() == 5));
+    assert_eq!(
+        (a.served(), b.served()),
+        (4, 4),
+        "replicas spread over backends"
+    );
+    let (_, outs) = h
+        .generate_n(
+            vec![1, 2, 3],
+            params(5),
+            PolicyVersion(0),
+            8,
+            Replication::PerRequest,
+        )
+        .await;
+    assert_eq!(outs.len(), 8);
+    let (sa, sb) = (a.served() - 4, b.served() - 4);
+    assert!(
+        (sa, sb) == (8, 0) || (sa, sb) == (0, 8),
+        "one request's n stay together"
+    );
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn abort_by_request_and_by_group_returns_partial_outputs() {
+    let b = Arc::new(InstantBackend::new("i0"));
+    b.hold();
+    let proxy = LlmProxy::start(
+        vec![entry(b.clone(), 2)],
+        Box::new(LeastLoaded),
+        ProxyConfig::default(),
+    );
+    let h = proxy.handle();
+    let group = h.next_group();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let h = h.clone();
+        let req = GenRequest::new(h.next_id(), vec![1], params(4));
+        tasks.push(tokio::spawn(async move {
+            h.generate_with(req, Some(group), rollflash_core::proxy::Affinity::None)
+                .await
+        }));
+    }
+    until(|| b.running() == 2).await;
+    h.abort_group(group);
+    for t in tasks {
+        let out = t.await.unwrap().unwrap();
+        assert_eq!(out.finish_reason, FinishReason::Aborted);
+    }
+    let m = h.metrics().await.unwrap();
+    assert_eq!(m.counters.aborted, 4);
+    assert_eq!(m.counters.completed, 0);
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_backend_leaves_rotation_and_rejoins() {
+    let a = Arc::new(InstantBackend::new("a"));
+    let b = Arc::new(InstantBackend::new("b"));
+    a.set_failing(true);
+    let proxy = LlmProxy::start(
+        vec![entry(a.clone(), 4), entry(b.clone(), 4)],
+        Box::new(RoundRobin::default()),
+        ProxyConfig::default(),
+    );
+    let h = proxy.handle();
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let h = h.clone();
+        let req = GenRequest::new(h.next_id(), vec![1, 2], params(3));
+        tasks.push(tokio::spawn(async move { h.generate(req).await }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap().output.len(), 3);
+    }
+    assert_eq!(
+        b.served(),
+        20,
+        "everything was served by the healthy backend"
+    );
+    let m = h.metrics().await.unwrap();
+    assert!(!m.backends[0].2, "the failing backend is out of rotation");
+    assert_eq!(m.counters.completed, 20);
+    assert_eq!(m.counters.failed, 0);
+    // Heal it: the health probe brings it back and it serves again.
+    a.set_failing(false);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(h.metrics().await.unwrap().backends[0].2);
+    let _ = h
+        .generate_n(vec![1], params(2), PolicyVersion(0), 8, Replication::Expand)
+        .await;
+    assert!(a.served() > 0);
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn pause_in_abort_mode_resumes_from_partial_output_under_new_weights() {
+    let b = Arc::new(InstantBackend::new("i0"));
+    b.hold();
+    let proxy = LlmProxy::start(
+        vec![entry(b.clone(), 4)],
+        Box::new(LeastLoaded),
+        ProxyConfig::default(),
+    );
+    let h = proxy.handle();
+    let hh = h.clone();
+    let mut req = GenRequest::new(h.next_id(), vec![1, 2], params(6));
+    req.start_version = PolicyVersion(0);
+    let t = tokio::spawn(async move { hh.generate(req).await });
+    until(|| b.running() == 1).await;
+    let update = WeightUpdate::Disk {
+        path: "unused".into(),
+        version: PolicyVersion(1),
+    };
+    let sync = {
+        let h = h.clone();
+        let update = update.clone();
+        tokio::spawn(async move { h.sync_weights(&update, PauseMode::Abort).await })
+    };
+    sync.await.unwrap().unwrap();
+    b.release();
+    let out = t.await.unwrap().unwrap();
+    // The caller sees one finished output; its start version is kept, and its tokens
+    // were produced after the sync.
+    assert_eq!(out.finish_reason, FinishReason::Length);
+    assert_eq!(out.start_version, PolicyVersion(0));
+    assert!(out.output.versions.iter().all(|v| *v == PolicyVersion(1)));
+    assert_eq!(h.metrics().await.unwrap().counters.preempted, 1);
+    proxy.shutdown().await.unwrap();
+}
+
+/// With real engines and a real weight update in the middle of long generations, abort mode
+/// and keep mode both deliver complete outputs whose per-token versions say which weights
+/// produced each token: never decreasing, all old then all new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weight_sync_mid_generation_with_engines_in_both_modes() {
+    for mode in [PauseMode::Abort, PauseMode::Keep] {
+        let e0 = common::engine_backend("e0", 1, 4);
+        let e1 = common::engine_backend("e1", 1, 4);
+        let proxy = LlmProxy::start(
+            vec![entry(e0, 4), entry(e1, 4)],
+            Box::new(LeastLoaded),
+            ProxyConfig::default(),
+        );
+        let h = proxy.handle();
+        let mut tasks = Vec::new();
+        for i in 0..8u64 {
+            let h = h.clone();
+            let mut p = params(150);
+            p.seed = Some(i);
+            let req = GenRequest::new(h.next_id(), vec![1, 2, 3 + i as u32], p);
+            tasks.push(tokio::spawn(async move { h.generate(req).await }));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let update = WeightUpdate::InProcess {
+            model: common::tiny_model(9),
+            version: PolicyVersion(1),
+        };
+        let timings = h.sync_weights(&update, mode).await.unwrap();
+        assert!(timings.total() < Duration::from_secs(30));
+        for t in tasks {
+            let out = t.await.unwrap().unwrap();
+            assert_eq!(out.output.len(), 150, "{mode:?}: complete output");
+            assert_eq!(out.finish_reason, FinishReason::Length);
+            assert_eq!(out.start_version, PolicyVersion(0));
+            assert!(
+                out.output.versions.windows(2).all(|w| w[0] <= w[1]),
+                "{mode:?}: versions never decrease"
+            );
+            assert_eq!(out.output.versions.last(), Some(&PolicyVersion(1)));
+        }
+        let c = proxy.shutdown().await.unwrap();
+        assert_eq!(c.completed, 8);
+        if mode == PauseMode::Keep {
+            assert_eq!(c.preempted, 0);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_aborts_in_flight_and_refuses_new_work() {
+    let b = Arc::new(InstantBackend::new("i0"));
+    b.hold();
+    let proxy = LlmProxy::start(
+        vec![entry(b.clone(), 2)],
+        Box::new(LeastLoaded),
+        ProxyConfig::default(),
+    );
+    let h = proxy.handle();
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let h = h.clone();
+        let req = GenRequest::new(h.next_id(), vec![1], params(4));
+        tasks.push(tokio::spawn(async move { h.generate(req).await }));
+    }
+    until(|| b.running() == 2).await;
+    let c = proxy.shutdown().await.unwrap();
+    assert_eq!(c.aborted, 3);
+    for t in tasks {
+        assert_eq!(
+            t.await.unwrap().unwrap().finish_reason,
+            FinishReason::Aborted
+        );
+    }
+    let req = GenRequest::new(h.next_id(), vec![1], params(4));
+    assert!(matches!(h.generate(req).await, Err(ProxyError::Shutdown)));
+}
