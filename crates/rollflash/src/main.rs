@@ -2,6 +2,7 @@
 //! messages for people.
 
 mod bench;
+mod bench_proxy;
 mod demo;
 mod env_serve;
 mod generate;
@@ -44,6 +45,9 @@ enum Command {
     },
     /// Measure the engine: decode tokens/s at several batch sizes and training tokens/s.
     BenchEngine(bench::BenchArgs),
+    /// Measure the control plane: requests/s and added latency through the proxy to
+    /// no-compute backends, at several concurrency levels.
+    BenchProxy(bench_proxy::BenchProxyArgs),
     /// Serve a model over HTTP: the SGLang-native API and the OpenAI-compatible API.
     Serve(serve::ServeArgs),
     /// Serve a built-in environment over HTTP, so rollouts can use it from another process.
@@ -74,6 +78,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::BenchEngine(a) => bench::run(a),
+        Command::BenchProxy(a) => bench_proxy::run(a),
         Command::Serve(a) => serve::run(a),
         Command::EnvServe(a) => env_serve::run(a),
     }
