@@ -4,8 +4,10 @@
 
 pub mod gen;
 pub mod proxy;
+pub mod trajectory;
 
 pub use gen::{GenOutput, GenRequest, Generated, InvalidParams, SamplingParams};
+pub use trajectory::{Trajectory, TrajectoryEnd, TurnTiming};
 
 use serde::{Deserialize, Serialize};
 

@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod engine_backend;
+pub mod env_manager;
 pub mod http;
 pub mod instant;
 pub mod proxy;
@@ -12,6 +13,7 @@ pub mod server;
 
 pub use backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
 pub use engine_backend::{EngineBackend, EngineBackendConfig};
+pub use env_manager::{EnvFactory, EnvManager, EnvManagerConfig, GroupResult, Renderer};
 pub use instant::InstantBackend;
 pub use proxy::{
     BackendEntry, LlmProxy, ProxyConfig, ProxyError, ProxyHandle, ProxyMetrics, Replication,

@@ -15,7 +15,12 @@ pub const VOCAB: usize = 64;
 
 /// A tiny Qwen3-shaped model with random weights scaled up so greedy outputs vary.
 pub fn tiny_model(seed: u64) -> Arc<Transformer> {
-    let cfg = ModelConfig::tiny(Arch::Qwen3, VOCAB);
+    tiny_model_with_vocab(seed, VOCAB)
+}
+
+/// As [`tiny_model`], with the given vocabulary (100 covers the built-in tokenizer).
+pub fn tiny_model_with_vocab(seed: u64, vocab: usize) -> Arc<Transformer> {
+    let cfg = ModelConfig::tiny(Arch::Qwen3, vocab);
     let w = Weights::random(&cfg, seed, DType::F32, &Device::Cpu).unwrap();
     let mut sharp = Weights::default();
     for name in w.names() {
@@ -32,9 +37,18 @@ pub fn tiny_model(seed: u64) -> Arc<Transformer> {
 
 /// An engine worker over `tiny_model(seed)`.
 pub fn engine_backend(name: &str, seed: u64, max_running: usize) -> Arc<EngineBackend> {
+    engine_backend_over(name, tiny_model(seed), max_running)
+}
+
+/// An engine worker over `model`.
+pub fn engine_backend_over(
+    name: &str,
+    model: Arc<Transformer>,
+    max_running: usize,
+) -> Arc<EngineBackend> {
     Arc::new(
         EngineBackend::start(
-            tiny_model(seed),
+            model,
             PolicyVersion(0),
             EngineBackendConfig {
                 name: name.into(),

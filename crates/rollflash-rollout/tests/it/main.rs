@@ -5,5 +5,6 @@
 
 mod common;
 mod conformance;
+mod env_manager;
 mod http;
 mod proxy;

@@ -1,0 +1,443 @@
+//! `EnvManager`: runs trajectories — one episode of an environment, turn by turn through the
+//! proxy — and groups of them with redundancy.
+//!
+//! Environment-level asynchrony comes from the shape, not from a scheduler: every trajectory
+//! is its own task, and a trajectory waiting on its environment holds no generation slot
+//! (the proxy only sees it again when it asks for its next turn), so others generate
+//! meanwhile.
+//!
+//! Redundancy: a group runs `group_size + redundancy` trajectories and keeps the first
+//! `group_size` that finish usable; the rest are aborted (their requests too) and counted.
+//! A crashed, hung or garbage-returning environment fails its trajectory only.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollflash_core::proxy::{Affinity, GroupId};
+use rollflash_core::{
+    FinishReason, GenRequest, PolicyVersion, SamplingParams, Trajectory, TrajectoryEnd, TurnTiming,
+};
+use rollflash_env::{Env, EnvError};
+use rollflash_model::chat::{ChatMessage, ChatTemplate};
+use rollflash_model::tokenizer::Tokenizer;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::proxy::{ProxyError, ProxyHandle};
+
+/// How the conversation becomes tokens.
+#[derive(Clone)]
+pub enum Renderer {
+    /// Plain text, for the built-in model: the first observation is the prompt; each later
+    /// observation is appended after the model's turn between `separator`s.
+    Plain { separator: String },
+    /// A real model's chat template: observations are user messages, the model's turns are
+    /// assistant messages.
+    Chat {
+        template: Arc<ChatTemplate>,
+        system: Option<String>,
+    },
+}
+
+impl std::fmt::Debug for Renderer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Renderer::Plain { separator } => f
+                .debug_struct("Plain")
+                .field("separator", separator)
+                .finish(),
+            Renderer::Chat { system, .. } => {
+                f.debug_struct("Chat").field("system", system).finish()
+            }
+        }
+    }
+}
+
+/// Limits and sampling of one trajectory.
+#[derive(Debug, Clone)]
+pub struct EnvManagerConfig {
+    /// Model turns per episode.
+    pub max_turns: usize,
+    /// Budget for the whole token sequence (prompt, turns, observations).
+    pub max_total_tokens: usize,
+    /// Sampling of each turn; `max_new_tokens` bounds one turn.
+    pub sampling: SamplingParams,
+    /// Bound on one `reset` or `step` of the environment.
+    pub step_timeout: Duration,
+}
+
+impl Default for EnvManagerConfig {
+    fn default() -> Self {
+        EnvManagerConfig {
+            max_turns: 1,
+            max_total_tokens: 512,
+            sampling: SamplingParams::default(),
+            step_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Builds environments; one per trajectory.
+pub type EnvFactory = Arc<dyn Fn() -> Result<Box<dyn Env>, EnvError> + Send + Sync>;
+
+/// Runs trajectories of environments through the proxy.
+#[derive(Clone)]
+pub struct EnvManager {
+    proxy: ProxyHandle,
+    tokenizer: Arc<Tokenizer>,
+    renderer: Renderer,
+    cfg: EnvManagerConfig,
+    /// The current policy version: a trajectory records the one in force when it starts.
+    version: watch::Receiver<PolicyVersion>,
+}
+
+impl std::fmt::Debug for EnvManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EnvManager")
+            .field("renderer", &self.renderer)
+            .field("cfg", &self.cfg)
+            .finish()
+    }
+}
+
+/// The outcome of one group.
+#[derive(Debug, Clone, Default)]
+pub struct GroupResult {
+    /// The first `group_size` usable trajectories, in finishing order (each keeps its index).
+    pub kept: Vec<Trajectory>,
+    /// Trajectories aborted because the group was already complete (or by shutdown).
+    pub aborted: usize,
+    /// Trajectories that failed, with their reasons.
+    pub failed: Vec<String>,
+    /// Whether `kept` has `group_size` trajectories (else redundancy did not cover the
+    /// failures and the group cannot be trained on).
+    pub complete: bool,
+}
+
+impl EnvManager {
+    /// A manager over `proxy`, rendering with `renderer`, recording versions from `version`.
+    pub fn new(
+        proxy: ProxyHandle,
+        tokenizer: Arc<Tokenizer>,
+        renderer: Renderer,
+        cfg: EnvManagerConfig,
+        version: watch::Receiver<PolicyVersion>,
+    ) -> Self {
+        EnvManager {
+            proxy,
+            tokenizer,
+            renderer,
+            cfg,
+            version,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EnvManagerConfig {
+        &self.cfg
+    }
+
+    /// Runs `group_size + redundancy` trajectories of fresh environments reset with `seed`
+    /// and keeps the first `group_size` usable ones. Every trajectory is its own task; the
+    /// surplus is aborted the moment the group is complete.
+    pub async fn run_group(
+        &self,
+        make_env: EnvFactory,
+        seed: u64,
+        group_size: usize,
+        redundancy: usize,
+    ) -> GroupResult {
+        let group = self.proxy.next_group();
+        let mut tasks = JoinSet::new();
+        for index in 0..group_size + redundancy {
+            let me = self.clone();
+            let make_env = Arc::clone(&make_env);
+            tasks.spawn(async move {
+                match make_env() {
+                    Ok(mut env) => me.run_trajectory(env.as_mut(), seed, index, group).await,
+                    Err(e) => failed_before_start(seed, index, &e.to_string()),
+                }
+            });
+        }
+        let mut result = GroupResult::default();
+        while let Some(joined) = tasks.join_next().await {
+            let t = match joined {
+                Ok(t) => t,
+                // A panicking environment fails its trajectory only.
+                Err(e) => failed_before_start(seed, usize::MAX, &format!("task failed: {e}")),
+            };
+            match &t.end {
+                Some(TrajectoryEnd::Failed(reason)) => result.failed.push(reason.clone()),
+                Some(TrajectoryEnd::Aborted) => result.aborted += 1,
+                _ => result.kept.push(t),
+            }
+            if result.kept.len() == group_size {
+                break;
+            }
+        }
+        if !tasks.is_empty() {
+            // Group complete: stop the surplus, in the environment and on the backends.
+            result.aborted += tasks.len();
+            tasks.abort_all();
+            self.proxy.abort_group(group);
+            while tasks.join_next().await.is_some() {}
+        }
+        result.complete = result.kept.len() == group_size;
+        result
+    }
+
+    /// Runs one trajectory: reset, then (generate → step)* until the episode ends or a limit
+    /// is hit. Never panics and never returns an error: failures are recorded in `end`.
+    pub async fn run_trajectory(
+        &self,
+        env: &mut dyn Env,
+        seed: u64,
+        index: usize,
+        group: GroupId,
+    ) -> Trajectory {
+        let start_version = *self.version.borrow();
+        let mut t = Trajectory {
+            start_version,
+            seed,
+            index,
+            ..Default::default()
+        };
+        // A sticky key per trajectory keeps its turns on one backend (prefix reuse).
+        let affinity_key = self.proxy.next_id().0;
+        let end = self
+            .episode(env, &mut t, group, Affinity::Sticky(affinity_key))
+            .await;
+        self.proxy.forget_affinity(affinity_key);
+        t.end = Some(end);
+        t
+    }
+
+    async fn episode(
+        &self,
+        env: &mut dyn Env,
+        t: &mut Trajectory,
+        group: GroupId,
+        affinity: Affinity,
+    ) -> TrajectoryEnd {
+        let reset = match tokio::time::timeout(self.cfg.step_timeout, env.reset(t.seed)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return TrajectoryEnd::Failed(format!("reset: {e}")),
+            Err(_) => return TrajectoryEnd::Failed(self.timeout_reason("reset")),
+        };
+        let mut messages = Vec::new();
+        let prompt = match self.first_prompt(&reset.observation, &mut messages) {
+            Ok(p) => p,
+            Err(e) => return TrajectoryEnd::Failed(e),
+        };
+        for &tok in &prompt {
+            t.push(tok, 0, 0.0, t.start_version);
+        }
+        t.prompt_len = prompt.len();
+        for turn in 0..self.cfg.max_turns {
+            let room = self.cfg.max_total_tokens.saturating_sub(t.tokens.len());
+            if room == 0 {
+                return TrajectoryEnd::MaxTokens;
+            }
+            let mut params = self.cfg.sampling.clone();
+            params.max_new_tokens = params.max_new_tokens.min(room);
+            // Each turn gets its own random stream, derived from the trajectory's seed.
+            params.seed = Some(mix(params.seed.unwrap_or(0), t.seed, t.index as u64, turn));
+            let req = GenRequest {
+                id: self.proxy.next_id(),
+                prompt: t.tokens.clone(),
+                params,
+                start_version: t.start_version,
+                resume: None,
+            };
+            let t0 = Instant::now();
+            let out = match self.proxy.generate_with(req, Some(group), affinity).await {
+                Ok(out) => out,
+                Err(ProxyError::Shutdown) => return TrajectoryEnd::Aborted,
+                Err(e) => return TrajectoryEnd::Failed(format!("generate: {e}")),
+            };
+            let gen_time = t0.elapsed();
+            for i in 0..out.output.len() {
+                t.push(
+                    out.output.tokens[i],
+                    1,
+                    out.output.logprobs[i],
+                    out.output.versions[i],
+                );
+            }
+            if out.finish_reason == FinishReason::Aborted {
+                t.turns.push(TurnTiming {
+                    generate: gen_time,
+                    env: Duration::ZERO,
+                    tokens: out.output.len(),
+                });
+                return TrajectoryEnd::Aborted;
+            }
+            let action = match self.tokenizer.decode(&out.output.tokens, true) {
+                Ok(s) => s,
+                Err(e) => return TrajectoryEnd::Failed(format!("decode: {e}")),
+            };
+            let t1 = Instant::now();
+            let step = match tokio::time::timeout(self.cfg.step_timeout, env.step(&action)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return TrajectoryEnd::Failed(format!("step: {e}")),
+                Err(_) => return TrajectoryEnd::Failed(self.timeout_reason("step")),
+            };
+            t.turns.push(TurnTiming {
+                generate: gen_time,
+                env: t1.elapsed(),
+                tokens: out.output.len(),
+            });
+            if !step.reward.is_finite() {
+                return TrajectoryEnd::Failed(format!(
+                    "step: environment returned reward {}",
+                    step.reward
+                ));
+            }
+            t.reward += step.reward;
+            t.step_rewards.push(step.reward);
+            if step.terminated {
+                return TrajectoryEnd::Terminated;
+            }
+            if step.truncated {
+                return TrajectoryEnd::Truncated;
+            }
+            if turn + 1 == self.cfg.max_turns {
+                break;
+            }
+            let stopped = out.finish_reason == FinishReason::Stop;
+            let obs =
+                match self.observation_tokens(&step.observation, &action, stopped, &mut messages) {
+                    Ok(o) => o,
+                    Err(e) => return TrajectoryEnd::Failed(e),
+                };
+            if t.tokens.len() + obs.len() >= self.cfg.max_total_tokens {
+                // No room left for the model to answer this observation.
+                return TrajectoryEnd::MaxTokens;
+            }
+            for tok in obs {
+                t.push(tok, 0, 0.0, t.start_version);
+            }
+        }
+        TrajectoryEnd::MaxTurns
+    }
+
+    fn timeout_reason(&self, what: &str) -> String {
+        format!(
+            "{what}: environment timed out after {:.1}s",
+            self.cfg.step_timeout.as_secs_f64()
+        )
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.tokenizer
+            .encode(text, false)
+            .map_err(|e| format!("tokenize: {e}"))
+    }
+
+    fn first_prompt(
+        &self,
+        observation: &str,
+        messages: &mut Vec<ChatMessage>,
+    ) -> Result<Vec<u32>, String> {
+        match &self.renderer {
+            Renderer::Plain { .. } => {
+                let mut ids = Vec::new();
+                if let Some(bos) = self.tokenizer.bos_token_id() {
+                    ids.push(bos);
+                }
+                ids.extend(self.encode(observation)?);
+                Ok(ids)
+            }
+            Renderer::Chat { template, system } => {
+                if let Some(s) = system {
+                    messages.push(ChatMessage::system(s.clone()));
+                }
+                messages.push(ChatMessage::user(observation));
+                let text = template
+                    .render(messages, true)
+                    .map_err(|e| format!("chat template: {e}"))?;
+                self.encode(&text)
+            }
+        }
+    }
+
+    /// Tokens that close the model's turn (where the template adds more than the stop
+    /// token) and present the next observation, ending where the model's next turn starts.
+    /// Computed as a difference of renders, so it is exactly what the template would
+    /// produce for the whole conversation.
+    fn observation_tokens(
+        &self,
+        observation: &str,
+        action: &str,
+        stopped: bool,
+        messages: &mut Vec<ChatMessage>,
+    ) -> Result<Vec<u32>, String> {
+        match &self.renderer {
+            Renderer::Plain { separator } => {
+                let mut text = String::new();
+                if !stopped {
+                    text.push_str(separator);
+                }
+                text.push_str(observation);
+                text.push_str(separator);
+                self.encode(&text)
+            }
+            Renderer::Chat { template, .. } => {
+                let err = |e: rollflash_model::ModelError| format!("chat template: {e}");
+                // What the template puts after an assistant message's content: the model
+                // generated the stop token itself when it stopped; the rest (often a
+                // newline) is added here.
+                let before = template.render(messages, true).map_err(err)?;
+                messages.push(ChatMessage::assistant(action));
+                let closed = template.render(messages, false).map_err(err)?;
+                let after_content = closed
+                    .strip_prefix(&before)
+                    .and_then(|s| s.strip_prefix(action))
+                    .unwrap_or("");
+                let closing = if stopped {
+                    let eos = self
+                        .tokenizer
+                        .eos_token_id()
+                        .and_then(|id| self.tokenizer.decode(&[id], false).ok())
+                        .unwrap_or_default();
+                    after_content
+                        .strip_prefix(eos.as_str())
+                        .unwrap_or(after_content)
+                        .to_string()
+                } else {
+                    after_content.to_string()
+                };
+                messages.push(ChatMessage::user(observation));
+                let next = template.render(messages, true).map_err(err)?;
+                let Some(delta) = next.strip_prefix(&closed) else {
+                    return Err("chat template is not prefix-stable across turns".into());
+                };
+                self.encode(&format!("{closing}{delta}"))
+            }
+        }
+    }
+}
+
+fn failed_before_start(seed: u64, index: usize, reason: &str) -> Trajectory {
+    Trajectory {
+        seed,
+        index,
+        end: Some(TrajectoryEnd::Failed(reason.to_string())),
+        ..Default::default()
+    }
+}
+
+/// A well-mixed seed from its parts (splitmix64 steps), so neighbouring trajectories and
+/// turns get unrelated random streams.
+fn mix(base: u64, seed: u64, index: u64, turn: usize) -> u64 {
+    let mut x = base;
+    for part in [seed, index, turn as u64] {
+        x ^= part;
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^= x >> 31;
+    }
+    x
+}
