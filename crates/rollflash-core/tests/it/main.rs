@@ -3,4 +3,5 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod buffer;
 mod proxy;
