@@ -142,19 +142,29 @@ pub struct GroupOutcome<T> {
     pub failed: u64,
 }
 
+/// One whole group in a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchGroup<T> {
+    pub key: GroupKey,
+    /// The version the group's generation started under.
+    pub start: PolicyVersion,
+    /// Its samples with their rewards.
+    pub samples: Vec<(T, f64)>,
+}
+
 /// A batch for one training step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch<T> {
     /// The version the step starts from.
     pub version: PolicyVersion,
-    /// Whole groups, oldest start first: (key, start version, samples with rewards).
-    pub groups: Vec<(GroupKey, PolicyVersion, Vec<(T, f64)>)>,
+    /// Whole groups, oldest start first.
+    pub groups: Vec<BatchGroup<T>>,
 }
 
 impl<T> Batch<T> {
     /// Samples in the batch.
     pub fn len(&self) -> usize {
-        self.groups.iter().map(|g| g.2.len()).sum()
+        self.groups.iter().map(|g| g.samples.len()).sum()
     }
 
     /// Whether the batch has no samples.
@@ -171,7 +181,7 @@ impl<T> Batch<T> {
         let s: u64 = self
             .groups
             .iter()
-            .map(|g| (self.version.0.saturating_sub(g.1 .0)) * g.2.len() as u64)
+            .map(|g| (self.version.0.saturating_sub(g.start.0)) * g.samples.len() as u64)
             .sum();
         s as f64 / n as f64
     }
@@ -392,7 +402,11 @@ impl<T> SampleBuffer<T> {
                     .staleness
                     .entry(self.version.0 - g.start.0)
                     .or_default() += n;
-                groups.push((k, g.start, g.samples));
+                groups.push(BatchGroup {
+                    key: k,
+                    start: g.start,
+                    samples: g.samples,
+                });
             }
         }
         // Trained groups stay in `useful_started`: the bound is cumulative and grows by one

@@ -63,7 +63,7 @@ fn alpha_one_runs_a_batch_ahead_and_trains_oldest_first() {
         b.finish(*k, complete(4));
     }
     let batch = b.take_batch().unwrap();
-    let keys: Vec<GroupKey> = batch.groups.iter().map(|g| g.0).collect();
+    let keys: Vec<GroupKey> = batch.groups.iter().map(|g| g.key).collect();
     assert_eq!(keys, vec![s0[0].0, s0[1].0]);
     b.publish(PolicyVersion(1));
     let s1 = start_all(&mut b, 4);
@@ -120,7 +120,7 @@ fn fractional_alpha_caps_the_oldest_versions_share() {
     let old = batch
         .groups
         .iter()
-        .filter(|g| g.1 == PolicyVersion(0))
+        .filter(|g| g.start == PolicyVersion(0))
         .count();
     assert_eq!(old, 2);
     assert_eq!(batch.groups.len(), 4);
@@ -253,8 +253,8 @@ fn random_storm_keeps_accounting_exact_and_staleness_bounded() {
                     if let Some(batch) = b.take_batch() {
                         assert_eq!(batch.groups.len(), c.groups_per_batch);
                         for g in &batch.groups {
-                            assert!(batch.version.0 - g.1 .0 <= c.max_staleness());
-                            assert_eq!(g.2.len(), size);
+                            assert!(batch.version.0 - g.start.0 <= c.max_staleness());
+                            assert_eq!(g.samples.len(), size);
                         }
                         training = true;
                     }
