@@ -262,6 +262,11 @@ impl<T> SampleBuffer<T> {
         self.running.len()
     }
 
+    /// Keys of the groups generating now.
+    pub fn running_keys(&self) -> Vec<GroupKey> {
+        self.running.keys().copied().collect()
+    }
+
     /// Finished groups waiting for a batch.
     pub fn ready_groups(&self) -> usize {
         self.ready.len()

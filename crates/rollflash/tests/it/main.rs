@@ -1,4 +1,9 @@
-//! Integration tests of the `rollflash` binary: real processes on loopback ports.
+//! Integration tests of the `rollflash` crate: the controller, and the binary as real
+//! processes on loopback ports.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod controller;
 mod env_serve;
 mod serve;

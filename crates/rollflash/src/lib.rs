@@ -1,0 +1,10 @@
+//! `rollflash` as a library: the pieces that join the rollout plane and the trainer — the
+//! asynchronous controller (and, with α = 0 and a barrier, the synchronous baseline).
+//! The command line in `main.rs` is built on it.
+
+pub mod controller;
+
+pub use controller::{
+    AsyncController, ControllerConfig, ControllerError, Learner, LearnerError, RunReport,
+    StepRecord, StepStats,
+};
