@@ -1,1 +1,780 @@
 //! Datasets of prompts and reference answers: JSONL and Parquet files, and the built-in generators, behind one interface.
+//!
+//! A dataset is a list of [`Record`]s (prompt, reference answer, anything else the row had),
+//! addressed by index through the small [`Dataset`] trait, so files and procedural generators
+//! ([`crate::math_task::MathDataset`]) look the same to a trainer. [`Sampler`] turns a
+//! dataset's length into a deterministic, resumable stream of shuffled indices.
+//!
+//! Loading is eager: RLVR prompt sets are small (thousands to a few hundred thousand rows),
+//! and checking every row up front turns a bad row into an error at start-up, naming the file
+//! and the row, rather than a crash hours into a run.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use arrow_array::Array;
+use arrow_schema::DataType;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// One example: what the model is asked, the reference its answer is verified against, and
+/// the row's other fields (kept for environments and logging, e.g. a difficulty level).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Record {
+    /// The prompt text given to the model.
+    pub prompt: String,
+    /// The reference answer, as text (numeric columns are converted).
+    pub answer: String,
+    /// Every other field of the row.
+    #[serde(default)]
+    pub extra: Map<String, Value>,
+}
+
+/// Indexed access to records. Small on purpose: files and generators implement it alike.
+pub trait Dataset: Send + Sync {
+    /// Number of records.
+    fn len(&self) -> usize;
+    /// Record `index`, or `None` past the end. Owned, because generators build records on
+    /// demand.
+    fn get(&self, index: usize) -> Option<Record>;
+    /// Whether there are no records.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Records held in memory: what the file loaders return.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct InMemoryDataset {
+    /// The records, in file order.
+    records: Vec<Record>,
+}
+
+impl InMemoryDataset {
+    /// A dataset of these records.
+    pub fn new(records: Vec<Record>) -> InMemoryDataset {
+        InMemoryDataset { records }
+    }
+
+    /// All records, in order.
+    pub fn records(&self) -> &[Record] {
+        &self.records
+    }
+
+    /// Takes the records out.
+    pub fn into_records(self) -> Vec<Record> {
+        self.records
+    }
+}
+
+impl Dataset for InMemoryDataset {
+    fn len(&self) -> usize {
+        self.records.len()
+    }
+    fn get(&self, index: usize) -> Option<Record> {
+        self.records.get(index).cloned()
+    }
+}
+
+/// File formats the loader reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatasetFormat {
+    /// One JSON object per line (`.jsonl`, `.ndjson`).
+    Jsonl,
+    /// Apache Parquet (`.parquet`, `.pq`).
+    Parquet,
+}
+
+/// Default of [`DatasetConfig::prompt_field`].
+pub const DEFAULT_PROMPT_FIELD: &str = "prompt";
+/// Default of [`DatasetConfig::answer_field`].
+pub const DEFAULT_ANSWER_FIELD: &str = "answer";
+/// Default of [`DatasetConfig::max_row_bytes`]: 1 MiB.
+pub const DEFAULT_MAX_ROW_BYTES: usize = 1 << 20;
+
+fn default_prompt_field() -> String {
+    DEFAULT_PROMPT_FIELD.into()
+}
+fn default_answer_field() -> String {
+    DEFAULT_ANSWER_FIELD.into()
+}
+fn default_max_row_bytes() -> usize {
+    DEFAULT_MAX_ROW_BYTES
+}
+
+/// Where a dataset file is and how to read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetConfig {
+    /// The file.
+    pub path: PathBuf,
+    /// Field (JSONL key or Parquet column) holding the prompt, a string.
+    #[serde(default = "default_prompt_field")]
+    pub prompt_field: String,
+    /// Field holding the reference answer: a string, or a number converted to text.
+    #[serde(default = "default_answer_field")]
+    pub answer_field: String,
+    /// The format; `None` detects it from the extension.
+    #[serde(default)]
+    pub format: Option<DatasetFormat>,
+    /// Largest row accepted, in bytes, so one corrupt or runaway row is an error naming it
+    /// instead of exhausting memory. For JSONL it is the line length (excluding the newline)
+    /// and is enforced while reading; for Parquet it is the row's decoded size, checked batch
+    /// by batch (a single huge value is still decoded once before it is refused).
+    #[serde(default = "default_max_row_bytes")]
+    pub max_row_bytes: usize,
+}
+
+impl DatasetConfig {
+    /// The file at `path`, with default field names and cap.
+    pub fn new(path: impl Into<PathBuf>) -> DatasetConfig {
+        DatasetConfig {
+            path: path.into(),
+            prompt_field: default_prompt_field(),
+            answer_field: default_answer_field(),
+            format: None,
+            max_row_bytes: default_max_row_bytes(),
+        }
+    }
+
+    /// Checks the values; the error names the bad field.
+    pub fn validate(&self) -> Result<(), DatasetError> {
+        let bad = |field: &'static str, reason: &str| {
+            Err(DatasetError::Config {
+                field,
+                reason: reason.into(),
+            })
+        };
+        if self.prompt_field.is_empty() {
+            return bad("prompt_field", "must not be empty");
+        }
+        if self.answer_field.is_empty() {
+            return bad("answer_field", "must not be empty");
+        }
+        if self.prompt_field == self.answer_field {
+            return bad("answer_field", "must differ from prompt_field");
+        }
+        if self.max_row_bytes == 0 {
+            return bad("max_row_bytes", "must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The configured format, or the one the extension implies.
+    pub fn resolved_format(&self) -> Result<DatasetFormat, DatasetError> {
+        if let Some(f) = self.format {
+            return Ok(f);
+        }
+        let ext = self
+            .path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        match ext.as_deref() {
+            Some("jsonl" | "ndjson") => Ok(DatasetFormat::Jsonl),
+            Some("parquet" | "pq") => Ok(DatasetFormat::Parquet),
+            _ => Err(DatasetError::UnknownFormat {
+                path: self.path.clone(),
+            }),
+        }
+    }
+
+    /// Loads every record (see [`load`]).
+    pub fn load(&self) -> Result<InMemoryDataset, DatasetError> {
+        load(self)
+    }
+}
+
+/// Where in a file a row is, 1-based: a line for JSONL (what an editor shows), a row for
+/// Parquet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowRef {
+    /// 1-based line of a JSONL file.
+    Line(usize),
+    /// 1-based row of a Parquet file.
+    Row(usize),
+}
+
+impl fmt::Display for RowRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RowRef::Line(n) => write!(f, "line {n}"),
+            RowRef::Row(n) => write!(f, "row {n}"),
+        }
+    }
+}
+
+/// Why a dataset could not be loaded. Every file error names the file, and every row error
+/// the row.
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    /// The file could not be opened or read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JSONL line is not valid JSON.
+    #[error("{}: {at}: invalid JSON: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        at: RowRef,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A JSONL line is valid JSON but not an object.
+    #[error("{}: {at}: expected a JSON object, found {found}", path.display())]
+    NotAnObject {
+        path: PathBuf,
+        at: RowRef,
+        found: &'static str,
+    },
+    /// A row lacks the prompt or answer field.
+    #[error("{}: {at}: missing field `{field}`", path.display())]
+    MissingField {
+        path: PathBuf,
+        at: RowRef,
+        field: String,
+    },
+    /// A row's prompt or answer has the wrong type (or is null).
+    #[error("{}: {at}: field `{field}` is {found}, expected {expected}", path.display())]
+    WrongType {
+        path: PathBuf,
+        at: RowRef,
+        field: String,
+        found: String,
+        expected: &'static str,
+    },
+    /// A row is larger than [`DatasetConfig::max_row_bytes`].
+    #[error("{}: {at}: row exceeds the {cap}-byte limit (max_row_bytes)", path.display())]
+    RowTooLarge {
+        path: PathBuf,
+        at: RowRef,
+        cap: usize,
+    },
+    /// A Parquet file lacks the prompt or answer column.
+    #[error("{}: no column `{field}` (columns: {available})", path.display())]
+    MissingColumn {
+        path: PathBuf,
+        field: String,
+        available: String,
+    },
+    /// A Parquet prompt or answer column has an unsupported type.
+    #[error("{}: column `{field}` has type {found}, expected {expected}", path.display())]
+    ColumnType {
+        path: PathBuf,
+        field: String,
+        found: String,
+        expected: &'static str,
+    },
+    /// The Parquet reader failed (corrupt file, unsupported encoding).
+    #[error("{}: {source}", path.display())]
+    Parquet {
+        path: PathBuf,
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+    /// Decoding a Parquet batch failed.
+    #[error("{}: {source}", path.display())]
+    Arrow {
+        path: PathBuf,
+        #[source]
+        source: arrow_schema::ArrowError,
+    },
+    /// The extension does not say which format the file is.
+    #[error(
+        "{}: cannot tell the format from the extension; use .jsonl or .parquet, or set `format`",
+        path.display()
+    )]
+    UnknownFormat { path: PathBuf },
+    /// A configuration value is invalid.
+    #[error("invalid dataset config `{field}`: {reason}")]
+    Config { field: &'static str, reason: String },
+    /// A sampler cursor does not fit the dataset it is resumed on.
+    #[error("sampler cursor offset {offset} is past the dataset length {len}")]
+    Cursor { offset: usize, len: usize },
+}
+
+/// Loads every record of the file `cfg` describes.
+pub fn load(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError> {
+    cfg.validate()?;
+    match cfg.resolved_format()? {
+        DatasetFormat::Jsonl => load_jsonl(cfg),
+        DatasetFormat::Parquet => load_parquet(cfg),
+    }
+}
+
+fn open(path: &Path) -> Result<File, DatasetError> {
+    File::open(path).map_err(|source| DatasetError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn json_type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Loads a JSONL file: one object per line, blank lines skipped. Lines are read with a cap,
+/// so a huge line costs at most `max_row_bytes` of memory before it is refused.
+pub fn load_jsonl(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError> {
+    cfg.validate()?;
+    let path = cfg.path.as_path();
+    let mut reader = BufReader::new(open(path)?);
+    let io_err = |source| DatasetError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let cap = cfg.max_row_bytes;
+    let mut records = Vec::new();
+    let mut buf = Vec::new();
+    let mut line = 0usize;
+    loop {
+        buf.clear();
+        line += 1;
+        let at = RowRef::Line(line);
+        let limit = u64::try_from(cap).unwrap_or(u64::MAX).saturating_add(1);
+        let n = (&mut reader)
+            .take(limit)
+            .read_until(b'\n', &mut buf)
+            .map_err(io_err)?;
+        if n == 0 {
+            break;
+        }
+        let content = buf.strip_suffix(b"\n").unwrap_or(&buf);
+        if content.len() > cap {
+            return Err(DatasetError::RowTooLarge {
+                path: path.to_path_buf(),
+                at,
+                cap,
+            });
+        }
+        if content.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let value: Value =
+            serde_json::from_slice(content).map_err(|source| DatasetError::Json {
+                path: path.to_path_buf(),
+                at,
+                source,
+            })?;
+        let Value::Object(obj) = value else {
+            return Err(DatasetError::NotAnObject {
+                path: path.to_path_buf(),
+                at,
+                found: json_type_name(&value),
+            });
+        };
+        records.push(record_from_object(obj, cfg, at)?);
+    }
+    Ok(InMemoryDataset::new(records))
+}
+
+fn record_from_object(
+    mut obj: Map<String, Value>,
+    cfg: &DatasetConfig,
+    at: RowRef,
+) -> Result<Record, DatasetError> {
+    let path = || cfg.path.clone();
+    let missing = |field: &str| DatasetError::MissingField {
+        path: path(),
+        at,
+        field: field.to_string(),
+    };
+    let wrong = |field: &str, v: &Value, expected| DatasetError::WrongType {
+        path: path(),
+        at,
+        field: field.to_string(),
+        found: json_type_name(v).to_string(),
+        expected,
+    };
+    let prompt = match obj.remove(&cfg.prompt_field) {
+        Some(Value::String(s)) => s,
+        Some(v) => return Err(wrong(&cfg.prompt_field, &v, "a string")),
+        None => return Err(missing(&cfg.prompt_field)),
+    };
+    let answer = match obj.remove(&cfg.answer_field) {
+        Some(Value::String(s)) => s,
+        Some(Value::Number(n)) => n.to_string(),
+        Some(v) => return Err(wrong(&cfg.answer_field, &v, "a string or a number")),
+        None => return Err(missing(&cfg.answer_field)),
+    };
+    Ok(Record {
+        prompt,
+        answer,
+        extra: obj,
+    })
+}
+
+/// One Parquet value, in the few shapes a record can hold.
+enum Cell {
+    Null,
+    Str(String),
+    Int(serde_json::Number),
+    /// Kept as `f32` so `0.1f32` prints as `0.1`, not `0.10000000149011612`.
+    F32(f32),
+    F64(f64),
+    Bool(bool),
+}
+
+impl Cell {
+    fn type_name(&self) -> &'static str {
+        match self {
+            Cell::Null => "null",
+            Cell::Str(_) => "a string",
+            Cell::Int(_) | Cell::F32(_) | Cell::F64(_) => "a number",
+            Cell::Bool(_) => "a boolean",
+        }
+    }
+
+    /// Bytes this value takes, for the row-size cap.
+    fn size(&self) -> usize {
+        match self {
+            Cell::Str(s) => s.len(),
+            _ => 8,
+        }
+    }
+
+    /// The value as text for an answer; `None` for null and booleans.
+    fn answer_text(self) -> Option<String> {
+        match self {
+            Cell::Str(s) => Some(s),
+            Cell::Int(n) => Some(n.to_string()),
+            Cell::F32(v) => Some(v.to_string()),
+            Cell::F64(v) => Some(v.to_string()),
+            Cell::Null | Cell::Bool(_) => None,
+        }
+    }
+
+    fn into_json(self) -> Value {
+        let float = |text: String| {
+            text.parse::<f64>()
+                .ok()
+                .and_then(serde_json::Number::from_f64)
+                .map_or(Value::Null, Value::Number)
+        };
+        match self {
+            Cell::Null => Value::Null,
+            Cell::Str(s) => Value::String(s),
+            Cell::Int(n) => Value::Number(n),
+            Cell::F32(v) => float(v.to_string()),
+            Cell::F64(v) => float(v.to_string()),
+            Cell::Bool(b) => Value::Bool(b),
+        }
+    }
+}
+
+fn is_string_type(t: &DataType) -> bool {
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+}
+
+fn is_number_type(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+            | DataType::UInt64
+            | DataType::Float32
+            | DataType::Float64
+    )
+}
+
+/// Value `i` of `col`; `None` for column types a record does not carry.
+fn cell(col: &dyn Array, i: usize) -> Option<Cell> {
+    let t = col.data_type();
+    // Type first, so an unsupported column is skipped whole rather than only where it is null.
+    if !(is_string_type(t) || is_number_type(t) || *t == DataType::Boolean) {
+        return None;
+    }
+    if col.is_null(i) {
+        return Some(Cell::Null);
+    }
+    macro_rules! int {
+        ($t:ty) => {
+            col.as_primitive_opt::<$t>()
+                .map(|a| Cell::Int(serde_json::Number::from(a.value(i))))
+        };
+    }
+    match t {
+        DataType::Utf8 => col
+            .as_string_opt::<i32>()
+            .map(|a| Cell::Str(a.value(i).to_owned())),
+        DataType::LargeUtf8 => col
+            .as_string_opt::<i64>()
+            .map(|a| Cell::Str(a.value(i).to_owned())),
+        DataType::Utf8View => col
+            .as_string_view_opt()
+            .map(|a| Cell::Str(a.value(i).to_owned())),
+        DataType::Int8 => int!(Int8Type),
+        DataType::Int16 => int!(Int16Type),
+        DataType::Int32 => int!(Int32Type),
+        DataType::Int64 => int!(Int64Type),
+        DataType::UInt8 => int!(UInt8Type),
+        DataType::UInt16 => int!(UInt16Type),
+        DataType::UInt32 => int!(UInt32Type),
+        DataType::UInt64 => int!(UInt64Type),
+        DataType::Float32 => col
+            .as_primitive_opt::<arrow_array::types::Float32Type>()
+            .map(|a| Cell::F32(a.value(i))),
+        DataType::Float64 => col
+            .as_primitive_opt::<arrow_array::types::Float64Type>()
+            .map(|a| Cell::F64(a.value(i))),
+        DataType::Boolean => col.as_boolean_opt().map(|a| Cell::Bool(a.value(i))),
+        _ => None,
+    }
+}
+
+/// Loads a Parquet file. The prompt column must be a string column (`Utf8`, `LargeUtf8`,
+/// `Utf8View`); the answer column a string or integer/float column (numbers become text).
+/// Other columns of string, number or boolean type go to [`Record::extra`]; columns of other
+/// types (lists, structs, binary) are skipped.
+pub fn load_parquet(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError> {
+    cfg.validate()?;
+    let path = cfg.path.as_path();
+    let pq_err = |source| DatasetError::Parquet {
+        path: path.to_path_buf(),
+        source,
+    };
+    let builder = ParquetRecordBatchReaderBuilder::try_new(open(path)?).map_err(pq_err)?;
+    let schema = builder.schema().clone();
+    let column = |field: &str, ok: fn(&DataType) -> bool, expected| {
+        let Ok(idx) = schema.index_of(field) else {
+            let available: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            return Err(DatasetError::MissingColumn {
+                path: path.to_path_buf(),
+                field: field.to_string(),
+                available: available.join(", "),
+            });
+        };
+        let t = schema.field(idx).data_type();
+        if !ok(t) {
+            return Err(DatasetError::ColumnType {
+                path: path.to_path_buf(),
+                field: field.to_string(),
+                found: t.to_string(),
+                expected,
+            });
+        }
+        Ok(idx)
+    };
+    let prompt_idx = column(&cfg.prompt_field, is_string_type, "a string column")?;
+    let answer_idx = column(
+        &cfg.answer_field,
+        |t| is_string_type(t) || is_number_type(t),
+        "a string or number column",
+    )?;
+    // Small batches keep decoded-but-unchecked data small relative to the row cap.
+    let reader = builder.with_batch_size(256).build().map_err(pq_err)?;
+    let mut records = Vec::new();
+    let mut row = 0usize;
+    for batch in reader {
+        let batch = batch.map_err(|source| DatasetError::Arrow {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        for i in 0..batch.num_rows() {
+            row += 1;
+            let at = RowRef::Row(row);
+            let mut size = 0usize;
+            let mut prompt = None;
+            let mut answer = None;
+            let mut extra = Map::new();
+            for (c, col) in batch.columns().iter().enumerate() {
+                let Some(value) = cell(col.as_ref(), i) else {
+                    continue;
+                };
+                size = size.saturating_add(value.size());
+                if c == prompt_idx {
+                    prompt = Some(value);
+                } else if c == answer_idx {
+                    answer = Some(value);
+                } else {
+                    extra.insert(schema.field(c).name().clone(), value.into_json());
+                }
+            }
+            if size > cfg.max_row_bytes {
+                return Err(DatasetError::RowTooLarge {
+                    path: path.to_path_buf(),
+                    at,
+                    cap: cfg.max_row_bytes,
+                });
+            }
+            let wrong = |field: &str, found: &str, expected| DatasetError::WrongType {
+                path: path.to_path_buf(),
+                at,
+                field: field.to_string(),
+                found: found.to_string(),
+                expected,
+            };
+            let prompt = match prompt {
+                Some(Cell::Str(s)) => s,
+                other => {
+                    let found = other.as_ref().map_or("null", Cell::type_name);
+                    return Err(wrong(&cfg.prompt_field, found, "a string"));
+                }
+            };
+            let answer = match answer {
+                Some(c) => {
+                    let found = c.type_name();
+                    c.answer_text()
+                        .ok_or_else(|| wrong(&cfg.answer_field, found, "a string or a number"))?
+                }
+                None => return Err(wrong(&cfg.answer_field, "null", "a string or a number")),
+            };
+            records.push(Record {
+                prompt,
+                answer,
+                extra,
+            });
+        }
+    }
+    Ok(InMemoryDataset::new(records))
+}
+
+/// A ChaCha8 generator seeded from up to four 64-bit words laid out in its 32-byte seed, so
+/// distinct tuples never share a stream (unlike adding or xoring seeds together).
+pub(crate) fn seeded_rng(words: [u64; 4]) -> ChaCha8Rng {
+    let mut seed = [0u8; 32];
+    for (chunk, w) in seed.chunks_exact_mut(8).zip(words) {
+        chunk.copy_from_slice(&w.to_le_bytes());
+    }
+    ChaCha8Rng::from_seed(seed)
+}
+
+/// A uniform integer in `0..n` (0 when `n == 0`), by rejection so it is unbiased. Written out
+/// rather than taken from `rand` so that shuffles and generated problems stay identical
+/// across `rand` versions: ChaCha8's output stream is fixed, this mapping is ours.
+pub(crate) fn uniform_below(rng: &mut ChaCha8Rng, n: u64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    // 2^64 mod n values at the top would bias the result; redraw when we land there.
+    let rem = (u64::MAX % n + 1) % n;
+    loop {
+        let x = rng.next_u64();
+        if x <= u64::MAX - rem {
+            return x % n;
+        }
+    }
+}
+
+/// A uniform float in `[0, 1)` with 53 random bits.
+pub(crate) fn uniform_f64(rng: &mut ChaCha8Rng) -> f64 {
+    (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// Where a [`Sampler`] is: the next index it yields is position `offset` of epoch `epoch`'s
+/// permutation. Save it with a checkpoint; [`Sampler::resume`] continues exactly there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct SamplerCursor {
+    /// Passes over the data completed so far.
+    pub epoch: u64,
+    /// Position within the current epoch's permutation.
+    pub offset: usize,
+}
+
+/// An endless stream of dataset indices: each epoch is a permutation of `0..len` seeded by
+/// `(seed, epoch)`, so the order is reproducible, differs between epochs, and can be resumed
+/// from a [`SamplerCursor`] without replaying earlier epochs.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    /// Dataset length.
+    len: usize,
+    /// Base seed of every epoch's permutation.
+    seed: u64,
+    /// Next position to yield.
+    cursor: SamplerCursor,
+    /// The current epoch's permutation (computed on entering the epoch).
+    order: Vec<usize>,
+}
+
+impl Sampler {
+    /// Starts at epoch 0, offset 0.
+    pub fn new(len: usize, seed: u64) -> Sampler {
+        Sampler {
+            len,
+            seed,
+            cursor: SamplerCursor::default(),
+            order: Sampler::permutation(len, seed, 0),
+        }
+    }
+
+    /// Continues from `cursor` (as returned by [`Sampler::cursor`]).
+    pub fn resume(len: usize, seed: u64, cursor: SamplerCursor) -> Result<Sampler, DatasetError> {
+        if cursor.offset > len {
+            return Err(DatasetError::Cursor {
+                offset: cursor.offset,
+                len,
+            });
+        }
+        Ok(Sampler {
+            len,
+            seed,
+            cursor,
+            order: Sampler::permutation(len, seed, cursor.epoch),
+        })
+    }
+
+    /// Where the sampler is; the next index is at this position.
+    pub fn cursor(&self) -> SamplerCursor {
+        self.cursor
+    }
+
+    /// The permutation of `0..len` for `epoch` (Fisher–Yates over ChaCha8 seeded by
+    /// `(seed, epoch)`).
+    pub fn permutation(len: usize, seed: u64, epoch: u64) -> Vec<usize> {
+        // The tag keeps shuffles apart from other users of `seeded_rng` with the same seed.
+        const SHUFFLE_STREAM: u64 = 0x5348_5546_464c_4521;
+        let mut rng = seeded_rng([seed, epoch, SHUFFLE_STREAM, 0]);
+        let mut order: Vec<usize> = (0..len).collect();
+        for i in (1..len).rev() {
+            let j = uniform_below(&mut rng, i as u64 + 1) as usize;
+            order.swap(i, j);
+        }
+        order
+    }
+}
+
+impl Iterator for Sampler {
+    type Item = usize;
+
+    /// The next index; `None` only for an empty dataset (the stream is otherwise endless).
+    fn next(&mut self) -> Option<usize> {
+        if self.len == 0 {
+            return None;
+        }
+        if self.cursor.offset >= self.len {
+            self.cursor = SamplerCursor {
+                epoch: self.cursor.epoch + 1,
+                offset: 0,
+            };
+            self.order = Sampler::permutation(self.len, self.seed, self.cursor.epoch);
+        }
+        let i = self.order.get(self.cursor.offset).copied();
+        self.cursor.offset += 1;
+        i
+    }
+}

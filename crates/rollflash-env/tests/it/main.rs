@@ -1,5 +1,8 @@
 //! Integration tests of `rollflash-env`: verifiers, datasets, environments, remote envs.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod dataset;
 mod envs;
 mod latency;
