@@ -19,3 +19,7 @@ pub use proxy::{
     BackendEntry, LlmProxy, ProxyConfig, ProxyError, ProxyHandle, ProxyMetrics, Replication,
     SyncTimings,
 };
+pub use http::{
+    ChatCompletion, HttpBackendConfig, OpenAiBackend, OpenAiConfig, SglangBackend, WeightHook,
+};
+pub use server::{serve, ServerConfig, ServerError, ServerState, WeightsAccess};

@@ -1,9 +1,258 @@
-//! `rollflash serve`: the embedded engine behind the SGLang-native and OpenAI-compatible HTTP APIs.
+//! `rollflash serve`: the embedded engine behind the SGLang-native and OpenAI-compatible HTTP
+//! APIs (`rollflash_rollout::server`).
+//!
+//! Prints `listening on http://ADDR` as its first line on stdout once the port is bound (so
+//! `--port 0` can be used by scripts and tests), logs to stderr, and stops gracefully on
+//! Ctrl-C or SIGTERM: generations in flight are aborted and answered with their partial output.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device};
+use clap::Args;
+use rollflash_core::PolicyVersion;
+use rollflash_model::chat::ChatTemplate;
+use rollflash_model::config::ModelConfig;
+use rollflash_model::engine::EngineConfig;
+use rollflash_model::model::Transformer;
+use rollflash_model::tokenizer::Tokenizer;
+use rollflash_model::weights::Weights;
+use rollflash_rollout::{
+    EngineBackend, EngineBackendConfig, ServerConfig, ServerState, WeightsAccess,
+};
 
 /// Arguments of `rollflash serve`.
-#[derive(Debug, clap::Args)]
-pub struct ServeArgs {}
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// A Hugging Face model directory (config.json, *.safetensors, tokenizer.json). Default:
+    /// the built-in model with random weights from --init-seed (fine for trying the API).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Seed of the built-in model's random weights (without --model).
+    #[arg(long, default_value_t = 0)]
+    init_seed: u64,
+    /// Address to bind. The default accepts local connections only; binding a public address
+    /// exposes generation (and, with --weights-root, weight loading) to the network: set
+    /// --api-key then.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to bind; 0 picks a free one (see the first line printed).
+    #[arg(long, default_value_t = 30000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every route but /health. Default: the
+    /// ROLLFLASH_API_KEY environment variable, if set (safer than the command line, which
+    /// other users can see).
+    #[arg(long)]
+    api_key: Option<ApiKey>,
+    /// Name reported by /v1/models and expected in OpenAI requests. Default: the model
+    /// directory's name, or `rollflash` for the built-in model.
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Sequences decoded together by the engine.
+    #[arg(long, default_value_t = 64)]
+    max_running_requests: usize,
+    /// Prompt tokens prefilled per engine step.
+    #[arg(long, default_value_t = 4096)]
+    max_prefill_tokens: usize,
+    /// CPU threads of the engine.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Allow POST /update_weights_from_disk to load checkpoint directories under DIR (after
+    /// resolving symlinks and `..`). Without it (or the next flag) disk loads are refused.
+    #[arg(long, value_name = "DIR")]
+    weights_root: Option<PathBuf>,
+    /// Allow POST /update_weights_from_disk to load any directory this process can read.
+    /// Only for trusted, single-user setups.
+    #[arg(long, conflicts_with = "weights_root")]
+    allow_weights_from_anywhere: bool,
+    /// Largest request body accepted (413 beyond).
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body_bytes: usize,
+    /// Policy version of the initial weights.
+    #[arg(long, default_value_t = 0)]
+    weight_version: u64,
+}
 
-pub fn run(_args: ServeArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`rollflash serve` is not implemented yet")
+/// An API key: `Debug` never shows it, so it cannot end up in logs.
+#[derive(Clone)]
+struct ApiKey(String);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+impl FromStr for ApiKey {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.is_empty() {
+            return Err("the API key must not be empty".into());
+        }
+        Ok(ApiKey(s.to_string()))
+    }
+}
+
+/// The model to serve with its text side.
+struct Served {
+    model: Transformer,
+    tokenizer: Option<Tokenizer>,
+    chat_template: Option<ChatTemplate>,
+    eos: Vec<u32>,
+    name: String,
+}
+
+fn load(a: &ServeArgs) -> Result<Served> {
+    let device = Device::Cpu;
+    match &a.model {
+        Some(dir) => {
+            let loaded = rollflash_model::hf::load_dir(dir, DType::F32, &device)
+                .with_context(|| format!("loading model from {}", dir.display()))?;
+            let mut eos = loaded.config.eos_token_ids.clone();
+            if let Some(e) = loaded.tokenizer.as_ref().and_then(Tokenizer::eos_token_id) {
+                if !eos.contains(&e) {
+                    eos.push(e);
+                }
+            }
+            let name = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "rollflash".into());
+            Ok(Served {
+                model: loaded.model,
+                tokenizer: loaded.tokenizer,
+                chat_template: loaded.chat_template,
+                eos,
+                name,
+            })
+        }
+        None => {
+            let tokenizer = Tokenizer::builtin();
+            let eos = tokenizer
+                .eos_token_id()
+                .context("the built-in tokenizer has no eos")?;
+            let cfg = ModelConfig::builtin_default(tokenizer.vocab_size(), eos);
+            let weights = Weights::random(&cfg, a.init_seed, DType::F32, &device)?;
+            let model = Transformer::from_weights(&cfg, &weights, DType::F32, &device)?;
+            Ok(Served {
+                model,
+                tokenizer: Some(tokenizer),
+                chat_template: Some(ChatTemplate::builtin()?),
+                eos: vec![eos],
+                name: "rollflash".into(),
+            })
+        }
+    }
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    let weights = match (&a.weights_root, a.allow_weights_from_anywhere) {
+        (Some(root), _) => WeightsAccess::Under(
+            std::fs::canonicalize(root)
+                .with_context(|| format!("--weights-root {}", root.display()))?,
+        ),
+        (None, true) => WeightsAccess::Anywhere,
+        (None, false) => WeightsAccess::Disabled,
+    };
+    let api_key = match &a.api_key {
+        Some(k) => Some(k.0.clone()),
+        None => std::env::var("ROLLFLASH_API_KEY")
+            .ok()
+            .filter(|k| !k.is_empty()),
+    };
+    let served = load(&a)?;
+    let version = PolicyVersion(a.weight_version);
+    let backend = EngineBackend::start(
+        Arc::new(served.model),
+        version,
+        EngineBackendConfig {
+            name: "engine-0".into(),
+            engine: EngineConfig {
+                max_running_requests: a.max_running_requests,
+                max_prefill_tokens: a.max_prefill_tokens,
+                threads: a.threads,
+            },
+        },
+    )?;
+    let state = ServerState {
+        backend: Arc::new(backend),
+        tokenizer: served.tokenizer,
+        chat_template: served.chat_template,
+        config: ServerConfig {
+            model_name: a.served_model_name.clone().unwrap_or(served.name),
+            api_key,
+            max_body_bytes: a.max_body_bytes,
+            weights,
+            eos_token_ids: served.eos,
+            ..ServerConfig::default()
+        },
+    };
+    if a.host != "127.0.0.1"
+        && a.host != "localhost"
+        && a.host != "::1"
+        && state.config.api_key.is_none()
+    {
+        tracing::warn!(host = %a.host, "serving beyond loopback without an API key");
+    }
+    // The engine has its own threads; the runtime only moves bytes.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("building the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
+            .await
+            .with_context(|| format!("binding {}:{}", a.host, a.port))?;
+        let addr: SocketAddr = listener.local_addr()?;
+        {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "listening on http://{addr}")?;
+            out.flush()?;
+        }
+        tracing::info!(
+            model = %state.config.model_name,
+            %version,
+            weights = ?state.config.weights,
+            auth = state.config.api_key.is_some(),
+            "rollflash serve"
+        );
+        rollflash_rollout::serve(listener, state, shutdown_signal()).await?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!("cannot listen for Ctrl-C: {e}");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutdown requested");
 }

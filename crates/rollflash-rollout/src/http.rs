@@ -1,1 +1,0 @@
-//! HTTP client backends: SGLang-native and OpenAI-compatible servers.

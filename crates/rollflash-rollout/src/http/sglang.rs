@@ -1,0 +1,358 @@
+//! [`SglangBackend`]: a server speaking SGLang's native API — SGLang itself, or
+//! `rollflash serve` — as a [`Backend`].
+//!
+//! What is sent to `POST /generate`: `input_ids` (the prompt, then any resumed tokens),
+//! `sampling_params` {`temperature`, `top_p`, `top_k` (-1 = off), `max_new_tokens` (what is
+//! left after the resumed tokens), `stop_token_ids`, `sampling_seed` (sampled requests only;
+//! SGLang ≥ 0.5.3 knows it), `ignore_eos` (only when there are no stop tokens: SGLang always
+//! stops at the model's eos otherwise, and `ignore_eos` disables the whole stop check)},
+//! `return_logprob: true`, a fresh `rid` per call, and `rollflash_resumed_len` (our extension;
+//! SGLang ignores unknown top-level fields) so our server continues the random stream of a
+//! resumed request exactly.
+//!
+//! What is read back: `output_ids` (or the ids in `output_token_logprobs`),
+//! `meta_info.output_token_logprobs` (`[[logprob, id, text], ...]`),
+//! `meta_info.finish_reason.type` (`stop`/`length`/`abort`), and versions from our
+//! `meta_info.output_token_versions`, else SGLang's `meta_info.weight_version` when it is a
+//! number, else the last version set through this backend.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use rollflash_core::{FinishReason, GenOutput, GenRequest, Generated, PolicyVersion, RequestId};
+use serde_json::{json, Value};
+
+use super::{
+    next_delay, request_seed, split_resume, HttpBackendConfig, HttpClient, KnownVersion, Registry,
+};
+use crate::backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
+
+/// A remote SGLang-native server as a backend.
+pub struct SglangBackend {
+    http: HttpClient,
+    inflight: Registry,
+    version: KnownVersion,
+    /// Makes `rid`s unique across backends sharing a server: a random tag per instance and a
+    /// counter per call (a retried or resumed request gets a new `rid`).
+    rid_tag: u32,
+    rid_seq: AtomicU64,
+    /// Whether to send `rollflash_resumed_len`.
+    resume_hint: bool,
+}
+
+impl std::fmt::Debug for SglangBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SglangBackend")
+            .field("name", &self.http.name())
+            .finish()
+    }
+}
+
+impl SglangBackend {
+    /// A backend for the server at `cfg.base_url`. Nothing is contacted until the first call.
+    pub fn new(cfg: HttpBackendConfig) -> Result<Self, BackendError> {
+        Ok(SglangBackend {
+            version: KnownVersion::new(cfg.initial_version),
+            http: HttpClient::new(&cfg)?,
+            inflight: Registry::default(),
+            rid_tag: rand::random(),
+            rid_seq: AtomicU64::new(0),
+            resume_hint: true,
+        })
+    }
+
+    /// Whether to send the `rollflash_resumed_len` extension (default on). Turn it off for a
+    /// server that rejects unknown fields; resumed requests then restart their random stream
+    /// (greedy ones are unaffected).
+    pub fn with_resume_hint(mut self, on: bool) -> Self {
+        self.resume_hint = on;
+        self
+    }
+
+    fn generate_body(
+        &self,
+        req: &GenRequest,
+        resumed: &Generated,
+        left: usize,
+        rid: &str,
+    ) -> Value {
+        let p = &req.params;
+        let mut sp = json!({
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "top_k": if p.top_k == 0 { -1 } else { p.top_k as i64 },
+            "max_new_tokens": left,
+            "stop_token_ids": p.stop_token_ids,
+        });
+        if p.stop_token_ids.is_empty() {
+            sp["ignore_eos"] = json!(true);
+        }
+        if p.temperature > 0.0 {
+            sp["sampling_seed"] = json!(request_seed(req));
+        }
+        let mut ids = req.prompt.clone();
+        ids.extend_from_slice(&resumed.tokens);
+        let mut body = json!({
+            "input_ids": ids,
+            "sampling_params": sp,
+            "return_logprob": true,
+            "rid": rid,
+        });
+        if self.resume_hint && !resumed.is_empty() {
+            body["rollflash_resumed_len"] = json!(resumed.len());
+        }
+        body
+    }
+
+    /// Sends `/abort_request` for `rid` until the generation answers. Repeating covers an
+    /// abort that reached the server before the request did (SGLang ignores unknown rids).
+    async fn abort_until_done(
+        &self,
+        rid: &str,
+        call: &mut std::pin::Pin<
+            &mut impl std::future::Future<Output = Result<Value, BackendError>>,
+        >,
+    ) -> Result<Value, BackendError> {
+        let mut delay = self.http.config().backoff_initial;
+        loop {
+            if let Err(e) = self
+                .http
+                .post("/abort_request", &json!({ "rid": rid }))
+                .await
+            {
+                tracing::debug!(backend = %self.http.name(), rid, "abort_request failed: {e}");
+            }
+            tokio::select! {
+                r = call.as_mut() => return r,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = next_delay(delay, self.http.config());
+        }
+    }
+
+    fn parse_generate(
+        &self,
+        v: &Value,
+        aborted: bool,
+    ) -> Result<(Generated, FinishReason), BackendError> {
+        let route = "/generate";
+        let meta = v
+            .get("meta_info")
+            .ok_or_else(|| self.http.protocol(route, "answer has no `meta_info`"))?;
+        let lps = meta
+            .get("output_token_logprobs")
+            .and_then(Value::as_array)
+            .ok_or_else(|| {
+                self.http
+                    .protocol(route, "answer has no `meta_info.output_token_logprobs`")
+            })?;
+        let mut logprobs = Vec::with_capacity(lps.len());
+        let mut lp_ids = Vec::with_capacity(lps.len());
+        for (i, e) in lps.iter().enumerate() {
+            let lp = e.get(0).and_then(Value::as_f64);
+            let id = e
+                .get(1)
+                .and_then(Value::as_u64)
+                .and_then(|x| u32::try_from(x).ok());
+            match (lp, id) {
+                (Some(lp), Some(id)) => {
+                    logprobs.push(lp as f32);
+                    lp_ids.push(id);
+                }
+                _ => {
+                    return Err(self.http.protocol(
+                        route,
+                        format!("output_token_logprobs[{i}] is not [logprob, token_id, ...]: {e}"),
+                    ))
+                }
+            }
+        }
+        let tokens = match v.get("output_ids") {
+            Some(ids) => serde_json::from_value::<Vec<u32>>(ids.clone())
+                .map_err(|e| self.http.protocol(route, format!("output_ids: {e}")))?,
+            None => lp_ids,
+        };
+        if tokens.len() != logprobs.len() {
+            return Err(self.http.protocol(
+                route,
+                format!(
+                    "{} output ids but {} log-probs",
+                    tokens.len(),
+                    logprobs.len()
+                ),
+            ));
+        }
+        let n = tokens.len();
+        let versions = match meta.get("output_token_versions").and_then(Value::as_array) {
+            Some(vs) if vs.len() == n => vs
+                .iter()
+                .map(|x| x.as_u64().map(PolicyVersion))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    self.http
+                        .protocol(route, "output_token_versions are not integers")
+                })?,
+            _ => {
+                let v = meta
+                    .get("weight_version")
+                    .and_then(crate::server::parse_version)
+                    .unwrap_or_else(|| self.version.get());
+                vec![v; n]
+            }
+        };
+        let kind = match meta.get("finish_reason") {
+            Some(Value::Object(o)) => o.get("type").and_then(Value::as_str).map(str::to_string),
+            Some(Value::String(s)) => Some(s.clone()),
+            _ => None,
+        };
+        let finish = match kind.as_deref() {
+            Some("stop") => FinishReason::Stop,
+            Some("length") => FinishReason::Length,
+            Some("abort") => FinishReason::Aborted,
+            None if aborted => FinishReason::Aborted,
+            other => {
+                return Err(self
+                    .http
+                    .protocol(route, format!("unknown finish_reason {other:?}")))
+            }
+        };
+        Ok((
+            Generated {
+                tokens,
+                logprobs,
+                versions,
+            },
+            finish,
+        ))
+    }
+}
+
+#[async_trait]
+impl Backend for SglangBackend {
+    fn name(&self) -> &str {
+        self.http.name()
+    }
+
+    async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
+        let (mut output, left) = split_resume(&req);
+        let done = |output: Generated, finish_reason| GenOutput {
+            id: req.id,
+            prompt_len: req.prompt.len(),
+            output,
+            finish_reason,
+            start_version: req.start_version,
+        };
+        let Some(left) = left else {
+            return Ok(done(output, FinishReason::Length));
+        };
+        let ticket = self.inflight.register(req.id, self.http.name())?;
+        let rid = format!(
+            "rf-{:08x}-{}-{}",
+            self.rid_tag,
+            req.id.0,
+            self.rid_seq.fetch_add(1, Ordering::Relaxed)
+        );
+        let body = self.generate_body(&req, &output, left, &rid);
+        let call = self.http.post("/generate", &body);
+        tokio::pin!(call);
+        let mut aborted = false;
+        let answer = tokio::select! {
+            r = call.as_mut() => r,
+            _ = ticket.aborted() => {
+                aborted = true;
+                self.abort_until_done(&rid, &mut call).await
+            }
+        };
+        drop(ticket);
+        let answer = match answer {
+            Ok(v) => v,
+            // The server went away after we asked to abort: what we know is what we had.
+            Err(e) if aborted => {
+                tracing::debug!(backend = %self.http.name(), "aborted request failed: {e}");
+                return Ok(done(output, FinishReason::Aborted));
+            }
+            Err(e) => return Err(e),
+        };
+        let (new, finish) = self.parse_generate(&answer, aborted)?;
+        output.extend(&new);
+        Ok(done(output, finish))
+    }
+
+    async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
+        self.inflight.abort(id);
+        Ok(())
+    }
+
+    async fn pause(&self, mode: PauseMode) -> Result<(), BackendError> {
+        let mode = match mode {
+            PauseMode::Abort => "abort",
+            PauseMode::Keep => "in_place",
+        };
+        self.http
+            .post("/pause_generation", &json!({ "mode": mode }))
+            .await
+            .map(|_| ())
+    }
+
+    async fn resume(&self) -> Result<(), BackendError> {
+        self.http
+            .post("/continue_generation", &json!({}))
+            .await
+            .map(|_| ())
+    }
+
+    async fn update_weights(&self, update: &WeightUpdate) -> Result<(), BackendError> {
+        let WeightUpdate::Disk { path, version } = update else {
+            return Err(BackendError::Unsupported {
+                backend: self.http.name().to_string(),
+                what: "in-process weight updates (write a checkpoint and send WeightUpdate::Disk)"
+                    .into(),
+            });
+        };
+        let answer = self
+            .http
+            .post(
+                "/update_weights_from_disk",
+                &json!({
+                    "model_path": path.to_string_lossy(),
+                    "weight_version": version.0.to_string(),
+                }),
+            )
+            .await?;
+        check_success(&self.http, "/update_weights_from_disk", &answer)?;
+        self.version.set(*version);
+        Ok(())
+    }
+
+    async fn load(&self) -> Result<BackendLoad, BackendError> {
+        let (running, waiting) = self.inflight.counts();
+        Ok(BackendLoad {
+            running,
+            waiting,
+            version: self.version.get(),
+        })
+    }
+
+    async fn health(&self) -> Result<(), BackendError> {
+        self.http.get("/health").await.map(|_| ())
+    }
+}
+
+/// SGLang answers some failures with 200 and `{"success": false, "message"}`.
+pub(crate) fn check_success(
+    http: &HttpClient,
+    route: &str,
+    answer: &Value,
+) -> Result<(), BackendError> {
+    if answer.get("success").and_then(Value::as_bool) == Some(false) {
+        let msg = answer
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("no message");
+        return Err(BackendError::InvalidRequest(format!(
+            "{} {route}: {msg}",
+            http.name()
+        )));
+    }
+    Ok(())
+}

@@ -1,1 +1,0 @@
-//! The HTTP server behind `rollflash serve`: any Backend behind the SGLang-native and OpenAI-compatible APIs.
