@@ -1,6 +1,7 @@
 //! The `Backend` conformance suite: one set of checks of the trait's contract (see
-//! `backend.rs`), run against every implementation. HTTP backends run it through a real
-//! server (`http.rs`); here it runs against the engine backend and the instant backend.
+//! `backend.rs`), run against every implementation: the engine and instant backends in
+//! process, and the SGLang-native and OpenAI-compatible clients talking to a real server
+//! (`rollout::server` over an engine) on loopback.
 
 use std::sync::Arc;
 
@@ -231,4 +232,57 @@ async fn instant_backend_conforms() {
         greedy_is_deterministic: false,
     })
     .await;
+}
+
+/// A checkpoint of `tiny_model(seed)` under a fresh weights root, for HTTP weight updates.
+fn checkpoint_under_root(seed: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("v1");
+    let model = common::tiny_model(seed);
+    rollflash_model::hf::save_dir(&dir, model.config(), &model.weights(), None).unwrap();
+    (root, dir)
+}
+
+async fn http_server_over_engine(root: &std::path::Path) -> crate::http::TestServer {
+    let engine = common::engine_backend("engine-behind-http", 1, 8);
+    crate::http::start_server_with(
+        engine,
+        rollflash_rollout::ServerConfig {
+            weights: rollflash_rollout::WeightsAccess::Under(root.to_path_buf()),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_backend_conforms_through_a_real_server() {
+    let (root, dir) = checkpoint_under_root(2);
+    let server = http_server_over_engine(root.path()).await;
+    check_backend(Fixture {
+        backend: Arc::new(crate::http::sglang_client(&server)),
+        update: WeightUpdate::Disk {
+            path: dir,
+            version: PolicyVersion(1),
+        },
+        greedy_is_deterministic: true,
+    })
+    .await;
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_backend_conforms_through_a_real_server() {
+    let (root, dir) = checkpoint_under_root(2);
+    let server = http_server_over_engine(root.path()).await;
+    check_backend(Fixture {
+        backend: Arc::new(crate::http::openai_client(&server)),
+        update: WeightUpdate::Disk {
+            path: dir,
+            version: PolicyVersion(1),
+        },
+        greedy_is_deterministic: true,
+    })
+    .await;
+    server.stop().await.unwrap();
 }
