@@ -1,1 +1,344 @@
-//! Tests of `remote`.
+//! Tests of `remote`: an in-process server on a loopback port, driven by `RemoteEnv` and by raw
+//! HTTP requests.
+
+use std::time::Duration;
+
+use rollflash_env::envs::{make_env, EnvSpec};
+use rollflash_env::remote::{
+    constant_time_eq, serve, EnvServerConfig, ErrorBody, HealthResponse, RemoteEnv, RemoteEnvConfig,
+};
+use rollflash_env::{Env, EnvError};
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::envs::{check_conformance, CONFORMANCE_ACTIONS};
+
+/// A server on 127.0.0.1 with a port the OS picked, stopped by `stop`.
+struct TestServer {
+    url: String,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl TestServer {
+    async fn start(cfg: EnvServerConfig) -> TestServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(serve(listener, cfg, async move {
+            let _ = rx.await;
+        }));
+        TestServer {
+            url,
+            shutdown: Some(tx),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.task.await.expect("join").expect("serve");
+    }
+
+    /// Stops without waiting for requests in flight (a hung environment never finishes its).
+    fn abort(self) {
+        self.task.abort();
+    }
+
+    fn remote(&self, spec: &EnvSpec) -> RemoteEnv {
+        RemoteEnv::new(RemoteEnvConfig::new(&self.url, spec.clone())).expect("remote env")
+    }
+}
+
+fn spec(v: serde_json::Value) -> EnvSpec {
+    serde_json::from_value(v).expect("spec")
+}
+
+fn specs() -> Vec<EnvSpec> {
+    vec![
+        spec(json!({"name": "frozen_lake"})),
+        spec(json!({"name": "frozen_lake", "map": {"random": {"size": 6}}})),
+        spec(json!({"name": "sokoban", "num_boxes": 1})),
+        spec(json!({"name": "tool_use", "max_turns": 3})),
+        spec(json!({"name": "math"})),
+    ]
+}
+
+#[tokio::test]
+async fn remote_episodes_match_in_process_step_by_step() {
+    let server = TestServer::start(EnvServerConfig::default()).await;
+    for spec in specs() {
+        let mut local = make_env(&spec).expect("local");
+        let mut remote = server.remote(&spec);
+        for seed in [0u64, 3, 17] {
+            let a = local.reset(seed).await.expect("local reset");
+            let b = remote.reset(seed).await.expect("remote reset");
+            assert_eq!(a, b, "{}: reset {seed}", spec.name());
+            for action in CONFORMANCE_ACTIONS.iter().cycle().take(300) {
+                let a = local.step(action).await.expect("local step");
+                let b = remote.step(action).await.expect("remote step");
+                assert_eq!(a, b, "{}: seed {seed}, action {action:?}", spec.name());
+                if a.done() {
+                    break;
+                }
+            }
+        }
+        remote.close().await.expect("close");
+        assert_eq!(remote.env_id(), None);
+    }
+    let health: HealthResponse = reqwest::get(format!("{}/health", server.url))
+        .await
+        .expect("health")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(health.envs, 0, "every env was closed");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn remote_env_conforms() {
+    let server = TestServer::start(EnvServerConfig::default()).await;
+    for spec in specs() {
+        let url = server.url.clone();
+        check_conformance(move || {
+            Box::new(
+                RemoteEnv::new(RemoteEnvConfig::new(url.clone(), spec.clone())).expect("remote"),
+            )
+        })
+        .await;
+    }
+    server.stop().await;
+}
+
+/// Sends `req`; returns the status and the decoded error body (if the body is one).
+async fn raw(req: reqwest::RequestBuilder) -> (u16, Option<ErrorBody>) {
+    let resp = req.send().await.expect("send");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.expect("body");
+    (status, serde_json::from_str(&text).ok())
+}
+
+#[tokio::test]
+async fn bad_requests_get_json_errors_with_the_right_status() {
+    let server = TestServer::start(EnvServerConfig::default()).await;
+    let c = reqwest::Client::new();
+    let u = &server.url;
+
+    // Malformed JSON.
+    let (status, err) = raw(c.post(format!("{u}/envs")).body("{not json")).await;
+    assert_eq!(status, 400);
+    let err = err.expect("JSON error body").error;
+    assert_eq!(err.kind, "bad_request");
+    assert!(err.message.contains("invalid JSON"), "{}", err.message);
+
+    // Unknown environment name, unknown field, invalid config.
+    for (body, needle) in [
+        (json!({"name": "chess"}), "chess"),
+        (json!({"name": "sokoban", "boxes": 2}), "boxes"),
+        (json!({"name": "sokoban", "width": 100}), "sokoban.width"),
+    ] {
+        let (status, err) = raw(c.post(format!("{u}/envs")).json(&body)).await;
+        assert_eq!(status, 400, "{body}");
+        let msg = err.expect("JSON error").error.message;
+        assert!(msg.contains(needle), "{msg}");
+    }
+
+    // Unknown ids and routes.
+    for req in [
+        c.post(format!("{u}/envs/12345/reset"))
+            .json(&json!({"seed": 1})),
+        c.post(format!("{u}/envs/abc/step"))
+            .json(&json!({"action": "Up"})),
+        c.delete(format!("{u}/envs/999")),
+        c.get(format!("{u}/nowhere")),
+    ] {
+        let (status, err) = raw(req).await;
+        assert_eq!(status, 404);
+        assert_eq!(err.expect("JSON error").error.kind, "not_found");
+    }
+
+    // Out of order: step before reset.
+    let created: serde_json::Value = c
+        .post(format!("{u}/envs"))
+        .json(&json!({"name": "frozen_lake"}))
+        .send()
+        .await
+        .expect("create")
+        .json()
+        .await
+        .expect("json");
+    let id = created["env_id"].as_str().expect("env_id").to_string();
+    let (status, err) = raw(c
+        .post(format!("{u}/envs/{id}/step"))
+        .json(&json!({"action": "Up"})))
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(err.expect("JSON error").error.kind, "out_of_order");
+
+    // A reset body without a seed.
+    let (status, _) = raw(c.post(format!("{u}/envs/{id}/reset")).json(&json!({}))).await;
+    assert_eq!(status, 400);
+
+    // Oversize body: over the default 1 MiB.
+    let big = json!({"action": "x".repeat(1_200_000)});
+    let (status, err) = raw(c.post(format!("{u}/envs/{id}/step")).json(&big)).await;
+    assert_eq!(status, 413);
+    assert_eq!(err.expect("JSON error").error.kind, "too_large");
+
+    let (status, _) = raw(c.delete(format!("{u}/envs/{id}"))).await;
+    assert_eq!(status, 204);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn api_key_is_required_and_checked() {
+    let server = TestServer::start(EnvServerConfig {
+        api_key: Some("s3cret-key".into()),
+        ..Default::default()
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let u = &server.url;
+    let create = || {
+        c.post(format!("{u}/envs"))
+            .json(&json!({"name": "tool_use"}))
+    };
+
+    let (status, err) = raw(create()).await;
+    assert_eq!(status, 401);
+    assert_eq!(err.expect("JSON error").error.kind, "unauthorized");
+    for wrong in ["s3cret-kex", "s3cret-key2", "", "s3cret"] {
+        let (status, _) = raw(create().bearer_auth(wrong)).await;
+        assert_eq!(status, 401, "{wrong:?}");
+    }
+    let (status, _) = raw(create().basic_auth("s3cret-key", None::<&str>)).await;
+    assert_eq!(status, 401, "only bearer tokens");
+    let (status, _) = raw(create().bearer_auth("s3cret-key")).await;
+    assert_eq!(status, 201);
+    // Health needs no key, so load balancers can probe it.
+    let (status, _) = raw(c.get(format!("{u}/health"))).await;
+    assert_eq!(status, 200);
+
+    let spec = spec(json!({"name": "tool_use"}));
+    let mut without = server.remote(&spec);
+    match without.reset(0).await {
+        Err(EnvError::Remote { reason, .. }) => assert!(reason.contains("401"), "{reason}"),
+        other => panic!("expected a 401, got {other:?}"),
+    }
+    let mut cfg = RemoteEnvConfig::new(&server.url, spec);
+    cfg.api_key = Some("s3cret-key".into());
+    assert!(
+        !format!("{cfg:?}").contains("s3cret"),
+        "keys stay out of logs"
+    );
+    let mut with = RemoteEnv::new(cfg).expect("remote");
+    with.reset(0).await.expect("reset with key");
+    with.step("<answer>1</answer>")
+        .await
+        .expect("step with key");
+    server.stop().await;
+}
+
+#[test]
+fn constant_time_compare() {
+    assert!(constant_time_eq(b"abc", b"abc"));
+    assert!(constant_time_eq(b"", b""));
+    assert!(!constant_time_eq(b"abd", b"abc"));
+    assert!(!constant_time_eq(b"ab", b"abc"));
+    assert!(!constant_time_eq(b"abcd", b"abc"));
+    assert!(!constant_time_eq(b"", b"a"));
+    // A candidate that is the key plus 256 extra bytes must not wrap around to "equal".
+    let long = [b"abc".as_slice(), &[0u8; 256]].concat();
+    assert!(!constant_time_eq(&long, b"abc"));
+}
+
+#[tokio::test]
+async fn capacity_idle_eviction_and_recreation() {
+    let server = TestServer::start(EnvServerConfig {
+        max_envs: 1,
+        ..Default::default()
+    })
+    .await;
+    let spec = spec(json!({"name": "frozen_lake"}));
+    let mut a = server.remote(&spec);
+    a.reset(1).await.expect("first env");
+    let mut b = server.remote(&spec);
+    match b.reset(1).await {
+        Err(EnvError::Remote { reason, .. }) => {
+            assert!(
+                reason.contains("503") && reason.contains("capacity"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected capacity error, got {other:?}"),
+    }
+    a.close().await.expect("close");
+    b.reset(1).await.expect("room after close");
+    server.stop().await;
+
+    // With a zero idle timeout every env not in a call is evicted by the next create.
+    let server = TestServer::start(EnvServerConfig {
+        max_envs: 1,
+        idle_timeout: Some(Duration::ZERO),
+        ..Default::default()
+    })
+    .await;
+    let mut a = server.remote(&spec);
+    let mut b = server.remote(&spec);
+    let first = a.reset(5).await.expect("a");
+    b.reset(5).await.expect("b evicts a");
+    match a.step("Left").await {
+        Err(EnvError::Remote { reason, .. }) => assert!(reason.contains("404"), "{reason}"),
+        other => panic!("expected not found, got {other:?}"),
+    }
+    // The next reset makes a fresh server-side env (evicting b in turn).
+    assert_eq!(a.reset(5).await.expect("recreated"), first);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn per_request_timeout_ends_a_hung_env() {
+    let server = TestServer::start(EnvServerConfig::default()).await;
+    let spec = spec(json!({"name": "frozen_lake", "failure": {"rate": 1.0, "kind": "hang"}}));
+    let mut cfg = RemoteEnvConfig::new(&server.url, spec);
+    cfg.timeout = Duration::from_millis(200);
+    let mut env = RemoteEnv::new(cfg).expect("remote");
+    match env.reset(0).await {
+        Err(EnvError::Remote { reason, .. }) => {
+            assert!(
+                reason.contains("timed out") || reason.contains("timeout"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    server.abort();
+}
+
+#[tokio::test]
+async fn served_env_names_can_be_restricted() {
+    let server = TestServer::start(EnvServerConfig {
+        allowed_envs: Some(vec!["sokoban".into()]),
+        ..Default::default()
+    })
+    .await;
+    let mut ok = server.remote(&spec(json!({"name": "sokoban"})));
+    ok.reset(0).await.expect("sokoban is served");
+    let mut no = server.remote(&spec(json!({"name": "frozen_lake"})));
+    match no.reset(0).await {
+        Err(EnvError::Remote { reason, .. }) => {
+            assert!(
+                reason.contains("400") && reason.contains("not served"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected a 400, got {other:?}"),
+    }
+    server.stop().await;
+}
