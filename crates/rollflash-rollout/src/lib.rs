@@ -14,12 +14,12 @@ pub mod server;
 pub use backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
 pub use engine_backend::{EngineBackend, EngineBackendConfig};
 pub use env_manager::{EnvFactory, EnvManager, EnvManagerConfig, GroupResult, Renderer};
+pub use http::{
+    ChatCompletion, HttpBackendConfig, OpenAiBackend, OpenAiConfig, SglangBackend, WeightHook,
+};
 pub use instant::InstantBackend;
 pub use proxy::{
     BackendEntry, LlmProxy, ProxyConfig, ProxyError, ProxyHandle, ProxyMetrics, Replication,
     SyncTimings,
-};
-pub use http::{
-    ChatCompletion, HttpBackendConfig, OpenAiBackend, OpenAiConfig, SglangBackend, WeightHook,
 };
 pub use server::{serve, ServerConfig, ServerError, ServerState, WeightsAccess};

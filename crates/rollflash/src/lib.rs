@@ -2,6 +2,7 @@
 //! asynchronous controller (and, with α = 0 and a barrier, the synchronous baseline).
 //! The command line in `main.rs` is built on it.
 
+pub mod config;
 pub mod controller;
 
 pub use controller::{

@@ -1,0 +1,345 @@
+//! The `rollflash train` configuration: one TOML document with a complete built-in default
+//! (the built-in tiny model on the long-tailed arithmetic task, asynchronous with α = 1),
+//! `--set key=value` overrides applied before parsing, and validation in one place whose
+//! errors name the field.
+
+use std::path::PathBuf;
+
+use rollflash_core::buffer::BufferConfig;
+use rollflash_core::PauseMode;
+use rollflash_env::envs::{EnvConfig, EnvSpec};
+use rollflash_env::math_task::MathTaskConfig;
+use serde::{Deserialize, Serialize};
+
+/// A configuration problem; the message names the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config: {0}")]
+    Parse(String),
+    #[error("invalid --set `{arg}`: {reason}")]
+    Set { arg: String, reason: String },
+    #[error("invalid config field `{field}`: {reason}")]
+    Field { field: String, reason: String },
+}
+
+fn field(field: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Field {
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Everything `rollflash train` needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Seeds the model initialisation, task order and sampling.
+    pub seed: u64,
+    /// Where checkpoints, metrics and the warm-up cache go.
+    pub output_dir: PathBuf,
+    pub model: ModelSection,
+    pub warmup: WarmupSection,
+    /// The environment (task) trajectories run in.
+    pub env: EnvSpec,
+    pub rollout: RolloutSection,
+    /// Batching, α, filtering (see `rollflash_core::buffer`).
+    pub buffer: BufferConfig,
+    pub train: TrainSection,
+    pub controller: ControllerSection,
+}
+
+/// Which policy to start from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// A Hugging Face directory; empty means the built-in tiny model.
+    pub path: Option<PathBuf>,
+}
+
+/// Supervised warm-up before RL (the built-in model starts from random weights).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WarmupSection {
+    /// 0 skips the warm-up.
+    pub steps: usize,
+    pub batch_size: usize,
+    pub lr: f64,
+    /// Reuse a warm-up checkpoint from an earlier run with the same settings.
+    pub cache: bool,
+}
+
+/// Generation and environment loop settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RolloutSection {
+    /// Embedded engine workers.
+    pub engines: usize,
+    /// CPU threads per engine worker.
+    pub engine_threads: usize,
+    /// Admission limit per engine.
+    pub max_running_requests: usize,
+    /// `round_robin`, `least_loaded` or `sticky`.
+    pub routing: String,
+    pub temperature: f64,
+    pub top_p: f64,
+    /// Tokens per model turn.
+    pub max_new_tokens: usize,
+    pub max_turns: usize,
+    /// Budget of one trajectory's whole token sequence.
+    pub max_total_tokens: usize,
+    /// Bound on one environment `reset`/`step`.
+    pub step_timeout_secs: f64,
+    /// Extra trajectories per group; the first `group_size` to finish are kept.
+    pub group_size_redundancy: usize,
+}
+
+/// The optimiser side.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainSection {
+    /// Training steps (policy versions published).
+    pub steps: usize,
+    pub lr: f64,
+    /// CPU threads of the trainer.
+    pub threads: usize,
+    pub max_grad_norm: f64,
+    pub weight_decay: f64,
+}
+
+/// The controller loop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControllerSection {
+    /// What a weight sync does to in-flight requests: `abort` or `keep`.
+    pub pause_mode: PauseMode,
+    /// Run the synchronous baseline instead: α = 0 and no generation while training.
+    pub sync: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            seed: 0,
+            output_dir: PathBuf::from("runs/default"),
+            model: ModelSection::default(),
+            warmup: WarmupSection::default(),
+            env: EnvSpec::new(EnvConfig::Math(MathTaskConfig::default())),
+            rollout: RolloutSection::default(),
+            buffer: BufferConfig {
+                groups_per_batch: 8,
+                group_size: 8,
+                alpha: 1.0,
+                extra_groups: 2,
+                filter: rollflash_core::buffer::GroupFilter::ZeroVariance,
+                barrier: false,
+            },
+            train: TrainSection::default(),
+            controller: ControllerSection::default(),
+        }
+    }
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection { path: None }
+    }
+}
+
+impl Default for WarmupSection {
+    fn default() -> Self {
+        WarmupSection {
+            steps: 400,
+            batch_size: 64,
+            lr: 5e-3,
+            cache: true,
+        }
+    }
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        RolloutSection {
+            engines: 1,
+            engine_threads: 1,
+            max_running_requests: 64,
+            routing: "least_loaded".into(),
+            temperature: 1.0,
+            top_p: 1.0,
+            max_new_tokens: 160,
+            max_turns: 1,
+            max_total_tokens: 480,
+            step_timeout_secs: 30.0,
+            group_size_redundancy: 0,
+        }
+    }
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        TrainSection {
+            steps: 30,
+            lr: 2e-4,
+            threads: 1,
+            max_grad_norm: 1.0,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+impl Default for ControllerSection {
+    fn default() -> Self {
+        ControllerSection {
+            pause_mode: PauseMode::Abort,
+            sync: false,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Reads `path` (or starts from the defaults), applies `--set key=value` overrides,
+    /// parses and validates.
+    pub fn load(path: Option<&std::path::Path>, sets: &[String]) -> Result<Self, ConfigError> {
+        let mut table: toml::Table = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.to_path_buf(),
+                    source,
+                })?;
+                text.parse::<toml::Table>()
+                    .map_err(|e| ConfigError::Parse(format!("{}: {e}", p.display())))?
+            }
+            None => toml::Table::new(),
+        };
+        for s in sets {
+            apply_set(&mut table, s)?;
+        }
+        // Deserialise through serde_path_to_error so a type error names its key path.
+        let cfg: TrainConfig = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| {
+                let path = e.path().to_string();
+                ConfigError::Parse(format!("`{path}`: {}", e.into_inner()))
+            })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The resolved configuration as TOML (what `--dry-run` prints).
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string_pretty(self).map_err(|e| ConfigError::Parse(e.to_string()))
+    }
+
+    /// Every check serde cannot make. Errors name the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.buffer
+            .validate()
+            .map_err(|e| ConfigError::Parse(e.to_string()))?;
+        self.env
+            .validate()
+            .map_err(|e| ConfigError::Parse(format!("env: {e}")))?;
+        let r = &self.rollout;
+        if r.engines == 0 {
+            return Err(field("rollout.engines", "must be at least 1"));
+        }
+        if r.engine_threads == 0 {
+            return Err(field("rollout.engine_threads", "must be at least 1"));
+        }
+        if r.max_running_requests == 0 {
+            return Err(field("rollout.max_running_requests", "must be at least 1"));
+        }
+        if rollflash_core::proxy::routing_policy(&r.routing).is_none() {
+            return Err(field(
+                "rollout.routing",
+                format!(
+                    "unknown policy `{}` (round_robin, least_loaded, sticky)",
+                    r.routing
+                ),
+            ));
+        }
+        if !(r.temperature > 0.0) || !r.temperature.is_finite() {
+            return Err(field(
+                "rollout.temperature",
+                "must be > 0 for RL (sampling, not greedy)",
+            ));
+        }
+        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
+            return Err(field("rollout.top_p", "must be in (0, 1]"));
+        }
+        if r.max_new_tokens == 0 {
+            return Err(field("rollout.max_new_tokens", "must be at least 1"));
+        }
+        if r.max_turns == 0 {
+            return Err(field("rollout.max_turns", "must be at least 1"));
+        }
+        if r.max_total_tokens <= r.max_new_tokens.min(8) {
+            return Err(field("rollout.max_total_tokens", "leaves no room to generate"));
+        }
+        if !(r.step_timeout_secs > 0.0) || !r.step_timeout_secs.is_finite() {
+            return Err(field("rollout.step_timeout_secs", "must be > 0"));
+        }
+        let t = &self.train;
+        if t.steps == 0 {
+            return Err(field("train.steps", "must be at least 1"));
+        }
+        if !(t.lr > 0.0) || !t.lr.is_finite() {
+            return Err(field("train.lr", "must be > 0"));
+        }
+        if t.threads == 0 {
+            return Err(field("train.threads", "must be at least 1"));
+        }
+        if !(t.max_grad_norm > 0.0) {
+            return Err(field("train.max_grad_norm", "must be > 0"));
+        }
+        if self.warmup.steps > 0 && self.warmup.batch_size == 0 {
+            return Err(field("warmup.batch_size", "must be at least 1"));
+        }
+        if self.warmup.steps > 0 && !(self.warmup.lr > 0.0) {
+            return Err(field("warmup.lr", "must be > 0"));
+        }
+        if self.controller.sync && self.buffer.alpha != 0.0 {
+            return Err(field(
+                "buffer.alpha",
+                "controller.sync = true is the synchronous baseline and needs alpha = 0",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Applies one `key.path=value` override. The value is read as a TOML value when it parses
+/// as one (`3`, `0.5`, `true`, `"x"`, `[1, 2]`), else taken as a string.
+fn apply_set(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
+    let err = |reason: &str| ConfigError::Set {
+        arg: arg.to_string(),
+        reason: reason.to_string(),
+    };
+    let (key, raw) = arg.split_once('=').ok_or_else(|| err("expected key=value"))?;
+    let key = key.trim();
+    if key.is_empty() || key.split('.').any(str::is_empty) {
+        return Err(err("empty key"));
+    }
+    let value = format!("v = {}", raw.trim())
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.trim().to_string()));
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut cur = table;
+    for p in &parts[..parts.len() - 1] {
+        let entry = cur
+            .entry((*p).to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = entry
+            .as_table_mut()
+            .ok_or_else(|| err(&format!("`{p}` is not a table")))?;
+    }
+    if let Some(last) = parts.last() {
+        cur.insert((*last).to_string(), value);
+    }
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! `rollflash train`'s configuration: defaults, overrides, round trips, and errors that name
+//! the field.
+
+use rollflash::config::TrainConfig;
+
+fn load(sets: &[&str]) -> Result<TrainConfig, String> {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    TrainConfig::load(None, &sets).map_err(|e| e.to_string())
+}
+
+#[test]
+fn the_default_is_complete_and_valid() {
+    let c = load(&[]).unwrap();
+    assert_eq!(c, TrainConfig::default());
+    assert_eq!(c.buffer.alpha, 1.0);
+    assert_eq!(c.env.name(), "math");
+}
+
+#[test]
+fn dry_run_output_parses_back_to_the_same_config() {
+    let c = load(&["buffer.alpha=2", "rollout.routing=sticky", "env.name=frozen_lake"]).unwrap();
+    let text = c.to_toml().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.toml");
+    std::fs::write(&p, &text).unwrap();
+    let back = TrainConfig::load(Some(&p), &[]).unwrap();
+    assert_eq!(back, c);
+    assert_eq!(back.buffer.alpha, 2.0);
+    assert_eq!(back.rollout.routing, "sticky");
+}
+
+#[test]
+fn overrides_apply_over_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.toml");
+    std::fs::write(&p, "seed = 5\n[train]\nsteps = 7\n").unwrap();
+    let c = TrainConfig::load(Some(&p), &["train.steps=9".to_string()]).unwrap();
+    assert_eq!((c.seed, c.train.steps), (5, 9));
+}
+
+#[test]
+fn errors_name_the_field() {
+    for (sets, needle) in [
+        (vec!["train.stpes=3"], "stpes"),
+        (vec!["buffer.alpha=-1"], "alpha"),
+        (vec!["train.steps=\"many\""], "steps"),
+        (vec!["rollout.routing=fastest"], "rollout.routing"),
+        (vec!["rollout.engines=0"], "rollout.engines"),
+        (vec!["controller.sync=true"], "alpha"),
+        (vec!["buffer.group_size=0"], "group_size"),
+        (vec!["env.name=chess"], "chess"),
+        (vec!["nokey"], "key=value"),
+    ] {
+        let e = load(&sets).unwrap_err();
+        assert!(e.contains(needle), "{sets:?}: {e}");
+    }
+}
+
+#[test]
+fn a_missing_config_file_is_named() {
+    let e = TrainConfig::load(Some(std::path::Path::new("/nonexistent/c.toml")), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/nonexistent/c.toml"), "{e}");
+}
