@@ -1,0 +1,30 @@
+//! `rollflash-train`: the math of an RL post-training step — advantage estimators and
+//! policy-gradient losses — as a library.
+//!
+//! - [`advantage`]: GRPO, RLOO, REINFORCE++ (and -baseline) on plain `f64` data, with
+//!   sequence → token broadcast and batch whitening.
+//! - [`loss`]: [`policy_loss`] on packed candle tensors: vanilla PG, PPO (asymmetric and dual
+//!   clip), TIS, TOPR, CISPO, Kimi 1.5, GSPO and AReaL's decoupled PPO, with ROLL's
+//!   train–inference correction ([`correction`]), a KL-to-reference term ([`kl`]) and an
+//!   entropy bonus, aggregated by any of ROLL / verl's modes ([`agg`]).
+//!
+//! Every definition follows a published implementation (alibaba/ROLL first, AReaL for
+//! decoupled PPO); each item's documentation gives its formula and where it comes from, and
+//! the integration tests check values and gradients against an independent float64 NumPy
+//! reference (`scripts/reference_losses.py`).
+
+pub mod advantage;
+pub mod agg;
+pub mod correction;
+pub mod error;
+pub mod kl;
+pub mod layout;
+pub mod loss;
+
+pub use advantage::{compute_advantages, AdvantageBatch, AdvantageEstimator};
+pub use agg::LossAgg;
+pub use correction::{CorrectionConfig, CorrectionFilter, CorrectionLevel, IsWeightConfig};
+pub use error::{Result, TrainError};
+pub use kl::KlEstimator;
+pub use layout::SeqLayout;
+pub use loss::{policy_loss, LossConfig, LossMetrics, LossOutput, PgVariant, PolicyLossInputs};

@@ -1,0 +1,503 @@
+#!/usr/bin/env python3
+"""Independent float64 NumPy reference for rollflash-train's advantages and policy losses.
+
+Written from the published definitions, in their own padded `[batch, length]` layout, without
+sharing code (or layout) with the Rust crate:
+
+  alibaba/ROLL  roll/utils/functionals.py        agg_loss, masked_mean/sum/var, masked_whiten,
+                                                 compute_approx_kl, reward_norm,
+                                                 compute_reinforce_return, compute_advantage
+                roll/pipeline/rlvr/actor_worker.py     PPO / GSPO (importance_sampling=seq),
+                                                       dual clip, kl loss, entropy, total loss
+                roll/pipeline/rlvr/actor_pg_worker.py  vanilla, tis, topr, cispo, kimi15
+                roll/utils/train_infer_corrections.py  IS weight and filters
+  inclusionAI/AReaL  areal/utils/functional/functional.py  ppo_actor_loss_fn with
+                                                 behav_imp_weight_cap (before the
+                                                 rejection_sampling rewrite): decoupled PPO
+  verl  core_algos.compute_rloo_outcome_advantage; compute_policy_loss_gspo (GSPO-token)
+
+Conventions that the Rust side documents and this reference mirrors:
+  * stop-gradient: every `sg(x)` is evaluated at the *base* log-probs `lp0` while the loss is
+    a function of the perturbed `lp`, so finite differences see exactly autograd's semantics;
+  * the train-inference filters update the mask *before* any denominator is counted (ROLL's
+    pipeline-level `apply_train_infer_correction_to_batch`);
+  * ROLL's `+1e-8` in denominators is kept here (the Rust side leaves it out; the difference
+    is ~1e-9 relative).
+
+Gradients: by **central finite differences in float64** (h = 1e-6) of the loss w.r.t. each
+token's log-prob, with a kink guard: the one-sided differences must agree, so no token sits
+within h of a clip boundary.
+
+Modes:
+  generate   write scripts/reference_losses.json (inputs, configs in rollflash's serde
+             form, losses, gradients) and print the advantage references as Rust arrays
+  check      recompute everything and compare with the committed JSON
+"""
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURE = os.path.join(HERE, "reference_losses.json")
+
+# --------------------------------------------------------------------------------------------
+# Inputs: 5 sequences packed into 15 tokens; sequence 4 has no valid token.
+# --------------------------------------------------------------------------------------------
+
+LENGTHS = [5, 1, 4, 3, 2]
+MASK = [0, 1, 1, 1, 1,  1,  1, 1, 0, 1,  1, 1, 1,  0, 0]
+
+
+def make_inputs():
+    rng = np.random.default_rng(20260501)
+    n = sum(LENGTHS)
+    logp = -rng.uniform(0.1, 3.0, n)
+    old = logp - rng.normal(0.0, 0.35, n)
+    behav = old - rng.normal(0.0, 0.4, n)
+    ref = logp - rng.normal(0.0, 0.3, n)
+    entropy = rng.uniform(0.5, 2.0, n)
+    adv = rng.normal(0.0, 1.0, n)
+    # Token 3: negative advantage and ratio ~3.7, so the dual clip (c = 3) holds it.
+    old[3] = logp[3] - 1.3
+    adv[3] = -0.8
+    # Masked tokens carry garbage-ish (but finite) values that must not matter.
+    for t, m in enumerate(MASK):
+        if not m:
+            old[t] = logp[t] + 7.0
+            adv[t] = 5.0
+    scores = [1.0, 0.0, 0.5, -1.0, 0.0]
+    offsets = list(np.cumsum([0] + LENGTHS[:-1]))
+    return dict(
+        logp=logp, old_logp=old, behav_logp=behav, ref_logp=ref, entropy=entropy, adv=adv,
+        mask=np.array(MASK, dtype=np.float64), seq_offsets=[int(o) for o in offsets],
+        seq_scores=scores,
+    )
+
+
+def pad(x, offsets, n):
+    """Packed [n] -> padded [B, L] (zeros after each sequence's end)."""
+    ends = list(offsets[1:]) + [n]
+    L = max(e - s for s, e in zip(offsets, ends))
+    out = np.zeros((len(offsets), L))
+    for i, (s, e) in enumerate(zip(offsets, ends)):
+        out[i, : e - s] = x[s:e]
+    return out
+
+
+def unpad(x, offsets, n):
+    ends = list(offsets[1:]) + [n]
+    return np.concatenate([x[i, : e - s] for i, (s, e) in enumerate(zip(offsets, ends))])
+
+
+# --------------------------------------------------------------------------------------------
+# ROLL's helpers (roll/utils/functionals.py), in NumPy.
+# --------------------------------------------------------------------------------------------
+
+def masked_mean(x, mask, axis=None):
+    if axis is None:
+        return (x * mask).sum() / (mask.sum() + 1e-8)
+    s = mask.sum(axis=axis)
+    return np.where(s > 0, (x * mask).sum(axis=axis) / (s + 1e-8), 0.0)
+
+
+def masked_sum(x, mask, axis=None):
+    if axis is None:
+        return (x * mask).sum()
+    return (x * mask).sum(axis=axis)
+
+
+def agg_loss(loss_mat, mask, mode, norm_len=None):
+    """ROLL agg_loss with batch_num_tokens / global_valid_samples counted from `mask`
+    (floored at 1, as in Strategy._get_batch_num_tokens / _get_global_valid_samples)."""
+    n_tokens = max(mask.sum(), 1.0)
+    valid = (mask.sum(axis=-1) > 0).astype(np.float64)
+    n_valid = max(valid.sum(), 1.0)
+    if mode == "token_mean":
+        return (loss_mat * mask).sum() / n_tokens
+    if mode == "seq_mean_token_sum":
+        return (masked_sum(loss_mat, mask, -1) * valid).sum() / (n_valid + 1e-8)
+    if mode == "seq_mean_token_mean":
+        return (masked_mean(loss_mat, mask, -1) * valid).sum() / (n_valid + 1e-8)
+    if mode == "seq_mean_token_sum_norm":
+        return (masked_sum(loss_mat, mask, -1) * valid).sum() / norm_len
+    raise ValueError(mode)
+
+
+def approx_kl(logp, base, mask, kind):
+    if kind == "k1":
+        v = logp - base
+    elif kind == "abs":
+        v = np.abs(logp - base)
+    elif kind == "k2":
+        v = 0.5 * (logp - base) ** 2
+    elif kind == "k3":
+        kl = base - logp
+        v = np.clip(np.exp(kl) - kl - 1.0, -10.0, 10.0)
+    else:
+        raise ValueError(kind)
+    return v * mask
+
+
+def train_infer_correction(cfg, old, behav, mask):
+    """ROLL compute_train_infer_correction (token / geometric / sequence)."""
+    log_ratio = old - behav
+    diff_tok = np.exp(old) - np.exp(behav)
+    ones = np.ones_like(old)
+    ratio = {
+        "token": np.exp(log_ratio),
+        "geometric": np.exp(masked_mean(log_ratio, mask, -1))[:, None] * ones,
+        "sequence": np.exp(masked_sum(log_ratio, mask, -1))[:, None] * ones,
+    }
+    diff = {
+        "token": diff_tok,
+        "geometric": masked_mean(diff_tok, mask, -1)[:, None] * ones,
+        "sequence": masked_sum(diff_tok, mask, -1)[:, None] * ones,
+    }
+    isw = cfg.get("is_weight")
+    if isw is not None:
+        w = ratio[isw.get("level", "token")]
+        ub = isw.get("upper_bound", 1.2)
+        if ub is not None:
+            w = np.clip(w, 0.0, ub)
+    else:
+        w = np.ones_like(old)
+    keep = np.ones_like(mask)
+    for f in cfg.get("filters", []):
+        lvl = f.get("level", "token")
+        rr = f.get("ratio_range", [0.8, 1.2])
+        if rr is not None:
+            keep = keep * (ratio[lvl] >= rr[0]) * (ratio[lvl] <= rr[1])
+        dr = f.get("diff_range")
+        if dr is not None:
+            keep = keep * (diff[lvl] >= dr[0]) * (diff[lvl] <= dr[1])
+    return w, keep
+
+
+# --------------------------------------------------------------------------------------------
+# The losses. `lp` is the live log-prob, `lp0` the base point at which sg(.) is evaluated.
+# --------------------------------------------------------------------------------------------
+
+DEFAULTS = dict(
+    pg_variant="ppo", loss_agg="seq_mean_token_mean", agg_norm_len=None, clip_low=0.2,
+    clip_high=0.2, dual_clip=None, gspo_clip_low=3e-4, gspo_clip_high=4e-4,
+    gspo_token_grad=False, tis_low=0.0, tis_high=1.0, topr_positive_weight=1.0,
+    topr_negative_weight=1.0, cispo_clip_low=0.1, cispo_clip_high=0.1,
+    cispo_unified_mask=False, kimi15_tau=0.1, behav_imp_weight_cap=5.0, correction={},
+    kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
+)
+
+
+def ppo_clip(ratio, A, lo, hi, c):
+    """ROLL actor_worker: loss = -min(r A, clamp(r) A); dual clip -max(-loss, c A) for A<0."""
+    surr1 = ratio * A
+    surr2 = np.clip(ratio, 1.0 - lo, 1.0 + hi) * A
+    loss = -np.minimum(surr1, surr2)
+    if c is not None:
+        dual = -np.maximum(-loss, c * A)
+        loss = np.where(A < 0, dual, loss)
+    return loss
+
+
+def total_loss(lp, lp0, inp, cfg, with_terms=False):
+    """The loss as a function of packed log-probs `lp` (sg(.) evaluated at `lp0`)."""
+    c = dict(DEFAULTS)
+    c.update(cfg)
+    offs, n = inp["seq_offsets"], len(inp["logp"])
+    P = lambda x: pad(np.asarray(x, dtype=np.float64), offs, n)  # noqa: E731
+    logp, logp0 = P(lp), P(lp0)
+    old, behav, ref, ent, A = (P(inp[k]) for k in
+                               ("old_logp", "behav_logp", "ref_logp", "entropy", "adv"))
+    base_mask = P(inp["mask"])
+    # Masked positions are zero in every input (the Rust side's sanitising; ROLL has
+    # advantages * mask and relies on the mask for the rest).
+    old, behav, ref, A = (x * base_mask for x in (old, behav, ref, A))
+    corr = c["correction"]
+    is_w, keep = train_infer_correction(corr, old, behav, base_mask)
+    mask = base_mask * keep
+    logp, logp0 = logp * mask, logp0 * mask
+    old, behav, ref, A = (x * mask for x in (old, behav, ref, A))
+
+    ratio = np.exp(logp - old)
+    ratio0 = np.exp(logp0 - old)
+    v = c["pg_variant"]
+    if v == "vanilla":
+        pg = -logp * A
+    elif v == "ppo":
+        pg = ppo_clip(ratio, A, c["clip_low"], c["clip_high"], c["dual_clip"])
+    elif v == "tis":
+        pg = -np.clip(ratio0, c["tis_low"], c["tis_high"]) * A * logp
+    elif v == "topr":
+        if c.get("_scores") is not None:
+            pos = (np.asarray(c["_scores"]) > 0).astype(np.float64)[:, None] * np.ones_like(A)
+        else:
+            pos = (A > 0).astype(np.float64)
+        neg = 1.0 - pos
+        positive_loss = -A * logp * pos
+        negative_loss = -np.clip(ratio0, 0.0, 1.0) * A * logp * neg
+        pg = c["topr_positive_weight"] * positive_loss + c["topr_negative_weight"] * negative_loss
+    elif v == "cispo":
+        lo, hi = 1.0 - c["cispo_clip_low"], 1.0 + c["cispo_clip_high"]
+        clipped = np.clip(ratio0, lo, hi)
+        if c["cispo_unified_mask"]:
+            m = ~(((A > 0) & (ratio0 > hi)) | ((A < 0) & (ratio0 < lo)))
+            pg = -clipped * A * logp * m
+        else:
+            pg = -clipped * A * logp
+    elif v == "kimi15":
+        pg = -A * logp + c["kimi15_tau"] * 0.5 * (logp - old) ** 2
+    elif v == "gspo":
+        if c["gspo_token_grad"]:
+            # verl compute_policy_loss_gspo: log s_it = lp - sg(lp) + sg(mean log ratio)
+            s0 = masked_mean(logp0 - old, mask, -1)[:, None]
+            r = np.exp(logp - logp0 + s0)
+        else:
+            # ROLL actor_worker importance_sampling == "seq"
+            r = np.exp(masked_mean(logp - old, mask, -1))[:, None] * np.ones_like(A)
+        pg = ppo_clip(r, A, c["gspo_clip_low"], c["gspo_clip_high"], c["dual_clip"])
+    elif v == "decoupled_ppo":
+        # AReaL ppo_actor_loss_fn (proximal = old, behaviour = behav)
+        lo, hi = c["clip_low"], c["clip_high"]
+        pg1 = -A * ratio
+        pg2 = -A * np.clip(ratio, 1.0 - lo, 1.0 + hi)
+        pg = np.maximum(pg1, pg2)
+        if c["dual_clip"] is not None:
+            pg3 = np.sign(A) * c["dual_clip"] * A
+            pg = np.minimum(pg, pg3)
+        w = np.exp(old - behav)
+        cap = c["behav_imp_weight_cap"]
+        bmask = (w <= cap) * mask if cap is not None else mask
+        pg = pg * np.where(bmask > 0, w, 0.0)
+    else:
+        raise ValueError(v)
+
+    if corr.get("is_weight") is not None:
+        pg = pg * is_w
+    mode = c["loss_agg"]
+    norm_len = c["agg_norm_len"] or max(LENGTHS)
+    pg_loss = agg_loss(pg, mask, mode, norm_len)
+    total = pg_loss
+    kl = agg_loss(approx_kl(logp, ref, mask, c["kl_estimator"]), mask, mode, norm_len)
+    if c["kl_coef"] > 0:
+        total = total + c["kl_coef"] * kl
+    h = agg_loss(ent, mask, mode, norm_len)
+    if c["entropy_coef"] > 0:
+        total = total - c["entropy_coef"] * h
+    if with_terms:
+        return total, pg_loss
+    return total
+
+
+def fd_grad(inp, cfg, h=1e-6):
+    lp0 = np.asarray(inp["logp"], dtype=np.float64)
+    f0 = total_loss(lp0, lp0, inp, cfg)
+    g = np.zeros_like(lp0)
+    for t in range(len(lp0)):
+        e = np.zeros_like(lp0)
+        e[t] = h
+        fp = total_loss(lp0 + e, lp0, inp, cfg)
+        fm = total_loss(lp0 - e, lp0, inp, cfg)
+        g[t] = (fp - fm) / (2 * h)
+        fwd, bwd = (fp - f0) / h, (f0 - fm) / h
+        if abs(fwd - bwd) > 1e-4 * (1.0 + abs(g[t])):
+            raise SystemExit(f"kink within h of token {t} for {cfg}: {fwd} vs {bwd}")
+    return g
+
+
+AGGS = ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+
+VARIANTS = {
+    "vanilla": dict(pg_variant="vanilla"),
+    "ppo": dict(pg_variant="ppo", clip_low=0.2, clip_high=0.28),
+    "ppo_dual": dict(pg_variant="ppo", clip_low=0.2, clip_high=0.28, dual_clip=3.0),
+    "tis": dict(pg_variant="tis", tis_low=0.0, tis_high=1.0),
+    "topr": dict(pg_variant="topr", topr_negative_weight=0.7),
+    "topr_scores": dict(pg_variant="topr", topr_positive_weight=1.3, _scores=True),
+    "cispo": dict(pg_variant="cispo", cispo_clip_low=0.2, cispo_clip_high=0.28),
+    "cispo_unified": dict(pg_variant="cispo", cispo_clip_low=0.2, cispo_clip_high=0.28,
+                          cispo_unified_mask=True),
+    "kimi15": dict(pg_variant="kimi15", kimi15_tau=0.3),
+    "gspo": dict(pg_variant="gspo", gspo_clip_low=0.1, gspo_clip_high=0.15, dual_clip=3.0),
+    "gspo_token": dict(pg_variant="gspo", gspo_clip_low=0.1, gspo_clip_high=0.15,
+                       gspo_token_grad=True),
+    "decoupled_ppo": dict(pg_variant="decoupled_ppo", clip_low=0.2, clip_high=0.28,
+                          dual_clip=3.0, behav_imp_weight_cap=1.5),
+}
+
+EXTRA = {
+    "ppo_corr_token": dict(pg_variant="ppo", correction=dict(
+        is_weight=dict(level="token", upper_bound=1.2))),
+    "ppo_corr_geometric_filter": dict(pg_variant="ppo", loss_agg="token_mean", correction=dict(
+        is_weight=dict(level="geometric", upper_bound=1.5),
+        filters=[dict(level="token", ratio_range=[0.6, 1.6])])),
+    "cispo_corr_sequence_diff": dict(pg_variant="cispo", correction=dict(
+        is_weight=dict(level="sequence", upper_bound=None),
+        filters=[dict(level="geometric", ratio_range=None, diff_range=[-0.05, 0.05])])),
+    "kimi15_corr_seqsum_filter": dict(pg_variant="kimi15", loss_agg="seq_mean_token_sum",
+                                      correction=dict(
+        is_weight=dict(level="token", upper_bound=2.0),
+        filters=[dict(level="sequence", ratio_range=[0.6, 3.0])])),
+    "ppo_kl_k1_entropy": dict(pg_variant="ppo", kl_coef=0.1, kl_estimator="k1",
+                              entropy_coef=0.01),
+    "ppo_kl_k2": dict(pg_variant="ppo", loss_agg="token_mean", kl_coef=0.2, kl_estimator="k2"),
+    "tis_kl_k3": dict(pg_variant="tis", kl_coef=0.05, kl_estimator="k3"),
+    "vanilla_kl_abs": dict(pg_variant="vanilla", kl_coef=0.3, kl_estimator="abs",
+                           entropy_coef=0.02),
+    "ppo_sum_norm_len8": dict(pg_variant="ppo", loss_agg="seq_mean_token_sum_norm",
+                              agg_norm_len=8),
+    "decoupled_nocap_token_mean": dict(pg_variant="decoupled_ppo", loss_agg="token_mean",
+                                       behav_imp_weight_cap=None),
+}
+
+
+def cases(inp):
+    out = []
+    all_cases = [(f"{v}/{a}", dict(cfg, loss_agg=a)) for v, cfg in VARIANTS.items() for a in AGGS]
+    all_cases += list(EXTRA.items())
+    for name, cfg in all_cases:
+        cfg = dict(cfg)
+        uses_scores = cfg.pop("_scores", False)
+        run_cfg = dict(cfg, _scores=inp["seq_scores"] if uses_scores else None)
+        lp = np.asarray(inp["logp"], dtype=np.float64)
+        loss, pg = total_loss(lp, lp, inp, run_cfg, with_terms=True)
+        grad = fd_grad(inp, run_cfg)
+        out.append(dict(name=name, config=cfg, use_scores=uses_scores, loss=float(loss),
+                        pg_loss=float(pg), grad=[float(g) for g in grad]))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Advantages.
+# --------------------------------------------------------------------------------------------
+
+ADV_REWARDS = [1.0, 0.0, 0.5, 2.0, 0.3, 0.3, 0.3, -1.0, 4.0]
+ADV_GROUPS = [3, 1, 3, 2]
+ADV_LENGTHS = [3, 2, 4, 1, 2, 3, 2, 2, 3]
+ADV_MASK = [1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0]
+ADV_KL = [0.05, -0.02, 0.1, 0.0, 0.3, 9.0, 0.2, -0.1, 0.05, 0.4, 0.01, 0.02, 9.0, 0.03, 0.1,
+          0.2, 0.3, -0.05, 0.0, 0.15, 0.05, 9.0]
+
+
+def grpo(rewards, groups, norm_by_std=True, eps=1e-6):
+    out, at = [], 0
+    for g in groups:
+        r = np.asarray(rewards[at:at + g])
+        if g < 2:
+            out += [0.0] * g
+        else:
+            d = r - r.mean()
+            out += list(d / (r.std(ddof=1) + eps) if norm_by_std else d)
+        at += g
+    return out
+
+
+def rloo(rewards, groups):
+    out, at = [], 0
+    for g in groups:
+        r = np.asarray(rewards[at:at + g])
+        out += [0.0] * g if g < 2 else list(r * g / (g - 1) - r.mean() * g / (g - 1))
+        at += g
+    return out
+
+
+def broadcast(seq_values, lengths, mask):
+    tok = np.concatenate([[v] * l for v, l in zip(seq_values, lengths)])
+    return list(tok * np.asarray(mask))
+
+
+def reinforce_pp(rewards, groups, lengths, mask, kl, gamma, kl_coef, baseline, whiten,
+                 eps=1e-8):
+    """ROLL: response reward at the last valid token, - beta * kld, compute_reinforce_return,
+    masked_whiten (unbiased var, rsqrt(var + 1e-8)), * mask."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if baseline:
+        at = 0
+        for g in groups:
+            r[at:at + g] -= r[at:at + g].mean()
+            at += g
+    offs = list(np.cumsum([0] + lengths[:-1]))
+    n = sum(lengths)
+    m = pad(np.asarray(mask, dtype=np.float64), offs, n)
+    k = pad(np.asarray(kl, dtype=np.float64), offs, n)
+    tok = -kl_coef * k * m
+    for i in range(len(lengths)):
+        valid = np.nonzero(m[i])[0]
+        if len(valid):
+            tok[i, valid[-1]] += r[i]
+    ret = np.zeros_like(tok)
+    g_acc = np.zeros(tok.shape[0])
+    for t in reversed(range(tok.shape[1])):
+        g_acc = tok[:, t] + gamma * g_acc
+        ret[:, t] = g_acc
+    if whiten and m.sum() > 1:
+        mean = masked_mean(ret, m)
+        var = masked_mean((ret - mean) ** 2, m) * m.sum() / (m.sum() - 1)
+        ret = (ret - mean) / np.sqrt(var + eps)
+    return list(unpad(ret * m, offs, n))
+
+
+def advantages():
+    m = [bool(x) for x in ADV_MASK]
+    return {
+        "grpo": broadcast(grpo(ADV_REWARDS, ADV_GROUPS), ADV_LENGTHS, m),
+        "grpo_no_std": broadcast(grpo(ADV_REWARDS, ADV_GROUPS, False), ADV_LENGTHS, m),
+        "rloo": broadcast(rloo(ADV_REWARDS, ADV_GROUPS), ADV_LENGTHS, m),
+        "rpp": reinforce_pp(ADV_REWARDS, ADV_GROUPS, ADV_LENGTHS, m, ADV_KL, 1.0, 0.0, False,
+                            True),
+        "rpp_kl": reinforce_pp(ADV_REWARDS, ADV_GROUPS, ADV_LENGTHS, m, ADV_KL, 1.0, 0.1,
+                               False, True),
+        "rpp_baseline_gamma": reinforce_pp(ADV_REWARDS, ADV_GROUPS, ADV_LENGTHS, m, ADV_KL,
+                                           0.9, 0.1, True, True),
+        "rpp_raw": reinforce_pp(ADV_REWARDS, ADV_GROUPS, ADV_LENGTHS, m, ADV_KL, 1.0, 0.1,
+                                False, False),
+    }
+
+
+def rust_array(name, values):
+    body = ", ".join(repr(float(v)) for v in values)
+    return f"#[rustfmt::skip]\nconst {name.upper()}: [f64; {len(values)}] = [{body}];"
+
+
+def build():
+    inp = make_inputs()
+    data = dict(
+        note="generated by `python scripts/reference_losses.py generate`; do not edit",
+        inputs={k: (list(map(float, v)) if isinstance(v, np.ndarray) else v)
+                for k, v in inp.items()},
+        cases=cases(inp),
+    )
+    return data
+
+
+def main():
+    mode = sys.argv[1] if len(sys.argv) > 1 else "check"
+    if mode == "generate":
+        data = build()
+        with open(FIXTURE, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        print(f"wrote {FIXTURE} ({len(data['cases'])} cases)")
+        print("// advantage references (paste into crates/rollflash-train/tests/it/advantage.rs)")
+        for k, v in advantages().items():
+            print(rust_array(k, v))
+    elif mode == "check":
+        with open(FIXTURE) as f:
+            old = json.load(f)
+        new = build()
+        worst = 0.0
+        for a, b in zip(old["cases"], new["cases"]):
+            assert a["name"] == b["name"]
+            worst = max(worst, abs(a["loss"] - b["loss"]),
+                        max(abs(x - y) for x, y in zip(a["grad"], b["grad"])))
+        print(f"{len(new['cases'])} cases, max abs difference to fixture {worst:.3g}")
+        if worst > 1e-12:
+            sys.exit(1)
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
