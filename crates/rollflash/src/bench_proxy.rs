@@ -31,6 +31,10 @@ pub struct BenchProxyArgs {
     /// Runtime worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Go through one HTTP server on loopback (the `rollflash serve` server over an instant
+    /// backend, reached by the SGLang-native client) instead of calling backends in process.
+    #[arg(long)]
+    http: bool,
 }
 
 /// One measured level.
@@ -50,8 +54,12 @@ pub fn run(a: BenchProxyArgs) -> Result<()> {
         .enable_all()
         .build()?;
     println!(
-        "proxy control plane: {} instant backends × max_running {}, {} worker threads, {} tokens per response",
-        a.backends, a.max_running, a.threads, a.tokens
+        "proxy control plane{}: {} instant backends × max_running {}, {} worker threads, {} tokens per response",
+        if a.http { " through one HTTP server on loopback" } else { "" },
+        if a.http { 1 } else { a.backends },
+        a.max_running,
+        a.threads,
+        a.tokens
     );
     println!(
         "{:>12} {:>10} {:>12} {:>12} {:>12} {:>10}",
@@ -73,12 +81,35 @@ pub fn run(a: BenchProxyArgs) -> Result<()> {
 }
 
 async fn measure(a: &BenchProxyArgs, concurrency: usize) -> Result<Level> {
-    let backends: Vec<BackendEntry> = (0..a.backends.max(1))
-        .map(|i| BackendEntry {
-            backend: Arc::new(InstantBackend::new(format!("instant-{i}"))) as Arc<dyn Backend>,
+    let mut server = None;
+    let backends: Vec<BackendEntry> = if a.http {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let state = rollflash_rollout::ServerState {
+            backend: Arc::new(InstantBackend::new("instant")),
+            tokenizer: None,
+            chat_template: None,
+            config: rollflash_rollout::ServerConfig::default(),
+        };
+        let task = tokio::spawn(rollflash_rollout::serve(listener, state, async move {
+            let _ = stop_rx.await;
+        }));
+        server = Some((stop_tx, task));
+        let client =
+            rollflash_rollout::SglangBackend::new(rollflash_rollout::HttpBackendConfig::new(url))?;
+        vec![BackendEntry {
+            backend: Arc::new(client) as Arc<dyn Backend>,
             max_running_requests: a.max_running,
-        })
-        .collect();
+        }]
+    } else {
+        (0..a.backends.max(1))
+            .map(|i| BackendEntry {
+                backend: Arc::new(InstantBackend::new(format!("instant-{i}"))) as Arc<dyn Backend>,
+                max_running_requests: a.max_running,
+            })
+            .collect()
+    };
     let proxy = LlmProxy::start(backends, Box::new(LeastLoaded), ProxyConfig::default());
     let h = proxy.handle();
     let concurrency = concurrency.max(1);
@@ -112,6 +143,10 @@ async fn measure(a: &BenchProxyArgs, concurrency: usize) -> Result<Level> {
     }
     let secs = start.elapsed().as_secs_f64();
     proxy.shutdown().await?;
+    if let Some((stop, task)) = server {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
     all.sort_unstable();
     let q = |p: f64| all[((p * all.len() as f64) as usize).min(all.len() - 1)];
     Ok(Level {

@@ -9,6 +9,8 @@ use rollflash_core::buffer::BufferConfig;
 use rollflash_core::PauseMode;
 use rollflash_env::envs::{EnvConfig, EnvSpec};
 use rollflash_env::math_task::MathTaskConfig;
+use rollflash_train::advantage::AdvantageEstimator;
+use rollflash_train::loss::{LossConfig, PgVariant};
 use serde::{Deserialize, Serialize};
 
 /// A configuration problem; the message names the field.
@@ -55,7 +57,7 @@ pub struct TrainConfig {
 }
 
 /// Which policy to start from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSection {
     /// A Hugging Face directory; empty means the built-in tiny model.
@@ -110,6 +112,14 @@ pub struct TrainSection {
     pub threads: usize,
     pub max_grad_norm: f64,
     pub weight_decay: f64,
+    /// Linear learning-rate warm-up steps.
+    pub lr_warmup_steps: usize,
+    /// Group advantage estimator (`grpo`, `rloo`, `reinforce_plus_plus`).
+    pub advantage: AdvantageEstimator,
+    /// The policy loss, its aggregation, KL and entropy terms.
+    pub loss: LossConfig,
+    /// Greedy evaluation problems before and after training (0 = none).
+    pub eval_problems: usize,
 }
 
 /// The controller loop.
@@ -129,25 +139,25 @@ impl Default for TrainConfig {
             output_dir: PathBuf::from("runs/default"),
             model: ModelSection::default(),
             warmup: WarmupSection::default(),
-            env: EnvSpec::new(EnvConfig::Math(MathTaskConfig::default())),
+            // Two-term problems, so the built-in model's warm-up gets it part of the way in
+            // a couple of minutes and RL has something to improve; the task's long-tailed
+            // default (up to 24 terms) is what the benchmarks use.
+            env: EnvSpec::new(EnvConfig::Math(MathTaskConfig {
+                max_terms: 2,
+                ..MathTaskConfig::default()
+            })),
             rollout: RolloutSection::default(),
             buffer: BufferConfig {
                 groups_per_batch: 8,
                 group_size: 8,
                 alpha: 1.0,
-                extra_groups: 2,
-                filter: rollflash_core::buffer::GroupFilter::ZeroVariance,
+                extra_groups: 0,
+                filter: rollflash_core::buffer::GroupFilter::None,
                 barrier: false,
             },
             train: TrainSection::default(),
             controller: ControllerSection::default(),
         }
-    }
-}
-
-impl Default for ModelSection {
-    fn default() -> Self {
-        ModelSection { path: None }
     }
 }
 
@@ -171,9 +181,9 @@ impl Default for RolloutSection {
             routing: "least_loaded".into(),
             temperature: 1.0,
             top_p: 1.0,
-            max_new_tokens: 160,
+            max_new_tokens: 64,
             max_turns: 1,
-            max_total_tokens: 480,
+            max_total_tokens: 128,
             step_timeout_secs: 30.0,
             group_size_redundancy: 0,
         }
@@ -183,11 +193,23 @@ impl Default for RolloutSection {
 impl Default for TrainSection {
     fn default() -> Self {
         TrainSection {
-            steps: 30,
-            lr: 2e-4,
+            steps: 40,
+            lr: 5e-4,
             threads: 1,
             max_grad_norm: 1.0,
             weight_decay: 0.0,
+            lr_warmup_steps: 0,
+            advantage: AdvantageEstimator::Grpo {
+                norm_by_std: true,
+                eps: 1e-6,
+            },
+            // Decoupled PPO: the behaviour log-probs recorded at generation weight each
+            // token against the proximal policy, which is what makes α > 0 safe.
+            loss: LossConfig {
+                pg_variant: PgVariant::DecoupledPpo,
+                ..LossConfig::default()
+            },
+            eval_problems: 128,
         }
     }
 }
@@ -219,6 +241,29 @@ impl TrainConfig {
         for s in sets {
             apply_set(&mut table, s)?;
         }
+        // Lay what was given over the full default, so a partial section keeps the
+        // defaults of the fields it does not mention.
+        let mut merged = match toml::Value::try_from(TrainConfig::default()) {
+            Ok(toml::Value::Table(t)) => t,
+            _ => toml::Table::new(),
+        };
+        // A different environment has different fields: start its section afresh.
+        if let Some(name) = table
+            .get("env")
+            .and_then(|e| e.get("name"))
+            .and_then(toml::Value::as_str)
+        {
+            if Some(name)
+                != merged
+                    .get("env")
+                    .and_then(|e| e.get("name"))
+                    .and_then(toml::Value::as_str)
+            {
+                merged.remove("env");
+            }
+        }
+        merge(&mut merged, table);
+        let table = merged;
         // Deserialise through serde_path_to_error so a type error names its key path.
         let cfg: TrainConfig = serde_path_to_error::deserialize(toml::Value::Table(table))
             .map_err(|e| {
@@ -277,7 +322,10 @@ impl TrainConfig {
             return Err(field("rollout.max_turns", "must be at least 1"));
         }
         if r.max_total_tokens <= r.max_new_tokens.min(8) {
-            return Err(field("rollout.max_total_tokens", "leaves no room to generate"));
+            return Err(field(
+                "rollout.max_total_tokens",
+                "leaves no room to generate",
+            ));
         }
         if !(r.step_timeout_secs > 0.0) || !r.step_timeout_secs.is_finite() {
             return Err(field("rollout.step_timeout_secs", "must be > 0"));
@@ -295,6 +343,12 @@ impl TrainConfig {
         if !(t.max_grad_norm > 0.0) {
             return Err(field("train.max_grad_norm", "must be > 0"));
         }
+        t.loss
+            .validate()
+            .map_err(|e| ConfigError::Parse(format!("train.loss: {e}")))?;
+        t.advantage
+            .validate()
+            .map_err(|e| ConfigError::Parse(format!("train.advantage: {e}")))?;
         if self.warmup.steps > 0 && self.warmup.batch_size == 0 {
             return Err(field("warmup.batch_size", "must be at least 1"));
         }
@@ -311,6 +365,18 @@ impl TrainConfig {
     }
 }
 
+/// Deep-merges `over` into `base`: tables merge key by key, anything else replaces.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
 /// Applies one `key.path=value` override. The value is read as a TOML value when it parses
 /// as one (`3`, `0.5`, `true`, `"x"`, `[1, 2]`), else taken as a string.
 fn apply_set(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
@@ -318,7 +384,9 @@ fn apply_set(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
         arg: arg.to_string(),
         reason: reason.to_string(),
     };
-    let (key, raw) = arg.split_once('=').ok_or_else(|| err("expected key=value"))?;
+    let (key, raw) = arg
+        .split_once('=')
+        .ok_or_else(|| err("expected key=value"))?;
     let key = key.trim();
     if key.is_empty() || key.split('.').any(str::is_empty) {
         return Err(err("empty key"));

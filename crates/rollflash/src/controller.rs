@@ -157,7 +157,14 @@ impl<L: Learner> AsyncController<L> {
 
     /// Runs `cfg.steps` training steps and returns what happened. Everything it started is
     /// finished or aborted (and counted) before it returns.
-    pub async fn run(mut self) -> Result<RunReport, ControllerError> {
+    pub async fn run(self) -> Result<RunReport, ControllerError> {
+        self.run_returning_learner().await.map(|(r, _)| r)
+    }
+
+    /// As [`AsyncController::run`], also handing back the learner (to save its model).
+    pub async fn run_returning_learner(
+        mut self,
+    ) -> Result<(RunReport, Option<L>), ControllerError> {
         let mut buffer: SampleBuffer<Trajectory> = SampleBuffer::new(self.cfg.buffer.clone());
         let mut groups: JoinSet<GroupDone> = JoinSet::new();
         let mut next_seed = self.cfg.seed;
@@ -305,7 +312,7 @@ impl<L: Learner> AsyncController<L> {
             );
         }
         result?;
-        Ok(RunReport {
+        let report = RunReport {
             steps,
             accounting: buffer.accounting(),
             wall: start.elapsed(),
@@ -314,7 +321,8 @@ impl<L: Learner> AsyncController<L> {
                 .iter()
                 .map(|(k, v)| (*k, *v))
                 .collect(),
-        })
+        };
+        Ok((report, self.learner.map(|l| *l)))
     }
 }
 

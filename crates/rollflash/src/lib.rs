@@ -4,6 +4,8 @@
 
 pub mod config;
 pub mod controller;
+pub mod learner;
+pub mod pipeline;
 
 pub use controller::{
     AsyncController, ControllerConfig, ControllerError, Learner, LearnerError, RunReport,

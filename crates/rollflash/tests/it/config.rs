@@ -18,7 +18,12 @@ fn the_default_is_complete_and_valid() {
 
 #[test]
 fn dry_run_output_parses_back_to_the_same_config() {
-    let c = load(&["buffer.alpha=2", "rollout.routing=sticky", "env.name=frozen_lake"]).unwrap();
+    let c = load(&[
+        "buffer.alpha=2",
+        "rollout.routing=sticky",
+        "env.name=frozen_lake",
+    ])
+    .unwrap();
     let text = c.to_toml().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("c.toml");
