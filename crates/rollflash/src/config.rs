@@ -99,6 +99,9 @@ pub struct RolloutSection {
     pub step_timeout_secs: f64,
     /// Extra trajectories per group; the first `group_size` to finish are kept.
     pub group_size_redundancy: usize,
+    /// How conversations become tokens: `auto` (the model directory's chat template when it
+    /// has one, else plain text), `plain`, or `chat`.
+    pub renderer: String,
 }
 
 /// The optimiser side.
@@ -186,6 +189,7 @@ impl Default for RolloutSection {
             max_total_tokens: 128,
             step_timeout_secs: 30.0,
             group_size_redundancy: 0,
+            renderer: "auto".into(),
         }
     }
 }
@@ -314,6 +318,12 @@ impl TrainConfig {
         }
         if !(r.top_p > 0.0 && r.top_p <= 1.0) {
             return Err(field("rollout.top_p", "must be in (0, 1]"));
+        }
+        if !["auto", "plain", "chat"].contains(&r.renderer.as_str()) {
+            return Err(field(
+                "rollout.renderer",
+                format!("unknown renderer `{}` (auto, plain, chat)", r.renderer),
+            ));
         }
         if r.max_new_tokens == 0 {
             return Err(field("rollout.max_new_tokens", "must be at least 1"));

@@ -7,4 +7,5 @@
 mod config;
 mod controller;
 mod env_serve;
+mod learner;
 mod serve;
