@@ -104,6 +104,8 @@ pub fn run(args: EnvServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("binding {}:{}", args.host, args.port))?;
         let addr = listener.local_addr().context("reading the bound address")?;
+        // Handlers first: a client may signal as soon as it reads the address.
+        let shutdown = shutdown_signal();
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "listening on http://{addr}")?;
         stdout.flush()?;
@@ -111,7 +113,7 @@ pub fn run(args: EnvServeArgs) -> Result<()> {
         tracing::info!(%addr, auth = cfg.api_key.is_some(), "env-serve started");
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
         let server = serve(listener, cfg, async move {
-            shutdown_signal().await;
+            shutdown.await;
             let _ = stopping_tx.send(());
         });
         // Graceful shutdown waits for requests in flight, and a hung environment never
@@ -135,30 +137,36 @@ pub fn run(args: EnvServeArgs) -> Result<()> {
     })
 }
 
-/// Completes on Ctrl-C or (on Unix) SIGTERM, the signals service managers send.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!("cannot listen for Ctrl-C: {e}");
-            std::future::pending::<()>().await;
-        }
-    };
+/// Completes on Ctrl-C or (on Unix) SIGTERM, the signals service managers send. The SIGTERM
+/// handler is installed when this is called, not when it is first polled, so a signal that
+/// arrives right after the "listening" line is not lost to the default action (exit).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM: {e}");
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        let ctrl_c = async {
+            if let Err(e) = tokio::signal::ctrl_c().await {
+                tracing::warn!("cannot listen for Ctrl-C: {e}");
                 std::future::pending::<()>().await;
             }
+        };
+        #[cfg(unix)]
+        let term = async move {
+            match term {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(e) => {
+                    tracing::warn!("cannot listen for SIGTERM: {e}");
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term => {}
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
     }
 }

@@ -210,6 +210,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("binding {}:{}", a.host, a.port))?;
         let addr: SocketAddr = listener.local_addr()?;
+        // Handlers first: a client may signal as soon as it reads the address.
+        let shutdown = shutdown_signal();
         {
             let mut out = std::io::stdout().lock();
             writeln!(out, "listening on http://{addr}")?;
@@ -222,37 +224,42 @@ pub fn run(a: ServeArgs) -> Result<()> {
             auth = state.config.api_key.is_some(),
             "rollflash serve"
         );
-        rollflash_rollout::serve(listener, state, shutdown_signal()).await?;
+        rollflash_rollout::serve(listener, state, shutdown).await?;
         tracing::info!("stopped");
         Ok(())
     })
 }
 
-/// Completes on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!("cannot listen for Ctrl-C: {e}");
-            std::future::pending::<()>().await;
-        }
-    };
+/// Completes on Ctrl-C or (on Unix) SIGTERM, the signals service managers send. The SIGTERM
+/// handler is installed when this is called, not when it is first polled, so a signal that
+/// arrives right after the "listening" line is not lost to the default action (exit).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!("cannot listen for SIGTERM: {e}");
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        let ctrl_c = async {
+            if let Err(e) = tokio::signal::ctrl_c().await {
+                tracing::warn!("cannot listen for Ctrl-C: {e}");
                 std::future::pending::<()>().await;
             }
+        };
+        #[cfg(unix)]
+        let term = async move {
+            match term {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(e) => {
+                    tracing::warn!("cannot listen for SIGTERM: {e}");
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term => {}
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
     }
-    tracing::info!("shutdown requested");
 }
