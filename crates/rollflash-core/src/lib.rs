@@ -2,6 +2,7 @@
 //! requests and outputs, trajectories, and the scheduling state machines.
 //! No I/O and no tensors live here.
 
+pub mod auth;
 pub mod buffer;
 pub mod gen;
 pub mod proxy;

@@ -154,16 +154,7 @@ impl std::fmt::Debug for EnvServerConfig {
     }
 }
 
-/// Compares two byte strings in time that depends only on the length of `expected`, so an
-/// attacker timing API-key checks learns nothing about the key's bytes.
-pub fn constant_time_eq(candidate: &[u8], expected: &[u8]) -> bool {
-    let mut diff = candidate.len() ^ expected.len();
-    for (i, &e) in expected.iter().enumerate() {
-        let c = candidate.get(i).copied().unwrap_or(0);
-        diff |= usize::from(c ^ e);
-    }
-    std::hint::black_box(diff) == 0
-}
+pub use rollflash_core::auth::constant_time_eq;
 
 /// One live environment. A tokio mutex, because a call holds it across `await`s (latency
 /// sleeps, real I/O); it also serialises concurrent calls on one environment, which `Env`'s

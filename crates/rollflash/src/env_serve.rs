@@ -105,7 +105,7 @@ pub fn run(args: EnvServeArgs) -> Result<()> {
             .with_context(|| format!("binding {}:{}", args.host, args.port))?;
         let addr = listener.local_addr().context("reading the bound address")?;
         // Handlers first: a client may signal as soon as it reads the address.
-        let shutdown = shutdown_signal();
+        let shutdown = crate::signal::shutdown_signal();
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "listening on http://{addr}")?;
         stdout.flush()?;
@@ -135,38 +135,4 @@ pub fn run(args: EnvServeArgs) -> Result<()> {
         tracing::info!("env-serve stopped");
         Ok(())
     })
-}
-
-/// Completes on Ctrl-C or (on Unix) SIGTERM, the signals service managers send. The SIGTERM
-/// handler is installed when this is called, not when it is first polled, so a signal that
-/// arrives right after the "listening" line is not lost to the default action (exit).
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    #[cfg(unix)]
-    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
-    async move {
-        let ctrl_c = async {
-            if let Err(e) = tokio::signal::ctrl_c().await {
-                tracing::warn!("cannot listen for Ctrl-C: {e}");
-                std::future::pending::<()>().await;
-            }
-        };
-        #[cfg(unix)]
-        let term = async move {
-            match term {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(e) => {
-                    tracing::warn!("cannot listen for SIGTERM: {e}");
-                    std::future::pending::<()>().await;
-                }
-            }
-        };
-        #[cfg(not(unix))]
-        let term = std::future::pending::<()>();
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term => {}
-        }
-    }
 }

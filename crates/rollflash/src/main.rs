@@ -6,6 +6,7 @@ mod bench_proxy;
 mod env_serve;
 mod generate;
 mod serve;
+mod signal;
 mod train_cmd;
 
 use std::path::PathBuf;

@@ -211,7 +211,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .with_context(|| format!("binding {}:{}", a.host, a.port))?;
         let addr: SocketAddr = listener.local_addr()?;
         // Handlers first: a client may signal as soon as it reads the address.
-        let shutdown = shutdown_signal();
+        let shutdown = crate::signal::shutdown_signal();
         {
             let mut out = std::io::stdout().lock();
             writeln!(out, "listening on http://{addr}")?;
@@ -228,38 +228,4 @@ pub fn run(a: ServeArgs) -> Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
-}
-
-/// Completes on Ctrl-C or (on Unix) SIGTERM, the signals service managers send. The SIGTERM
-/// handler is installed when this is called, not when it is first polled, so a signal that
-/// arrives right after the "listening" line is not lost to the default action (exit).
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    #[cfg(unix)]
-    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
-    async move {
-        let ctrl_c = async {
-            if let Err(e) = tokio::signal::ctrl_c().await {
-                tracing::warn!("cannot listen for Ctrl-C: {e}");
-                std::future::pending::<()>().await;
-            }
-        };
-        #[cfg(unix)]
-        let term = async move {
-            match term {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(e) => {
-                    tracing::warn!("cannot listen for SIGTERM: {e}");
-                    std::future::pending::<()>().await;
-                }
-            }
-        };
-        #[cfg(not(unix))]
-        let term = std::future::pending::<()>();
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term => {}
-        }
-    }
 }

@@ -636,18 +636,7 @@ async fn require_api_key(State(shared): State<Arc<Shared>>, req: Request, next: 
     }
 }
 
-/// Compares two byte strings in time that depends only on their lengths, not on where they
-/// first differ, so response timing does not reveal how much of a guessed key was right.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let n = a.len().max(b.len());
-    let mut diff = (a.len() ^ b.len()) as u64;
-    for i in 0..n {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= u64::from(std::hint::black_box(x ^ y));
-    }
-    std::hint::black_box(diff) == 0
-}
+pub use rollflash_core::auth::constant_time_eq;
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
     ApiError::new(
