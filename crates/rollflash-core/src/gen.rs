@@ -44,6 +44,14 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// The random-stream seed of request `id` under these params: the explicit `seed`, or one
+    /// derived from the id. One definition, so the engine and an HTTP client sending the seed
+    /// explicitly sample the same tokens.
+    pub fn seed_for(&self, id: crate::RequestId) -> u64 {
+        self.seed
+            .unwrap_or(id.0.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
     /// Greedy decoding of at most `max_new_tokens`.
     pub fn greedy(max_new_tokens: usize) -> Self {
         SamplingParams {

@@ -261,10 +261,7 @@ impl Engine {
             let out = req.resume.clone().unwrap_or_default();
             let mut pending = req.prompt.clone();
             pending.extend_from_slice(&out.tokens);
-            let seed = req
-                .params
-                .seed
-                .unwrap_or(req.id.0.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let seed = req.params.seed_for(req.id);
             self.running.push(Running {
                 cache: KvCache::new(self.model.config().num_hidden_layers),
                 req,

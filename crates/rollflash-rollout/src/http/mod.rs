@@ -457,13 +457,11 @@ impl KnownVersion {
     }
 }
 
-/// The seed sent for a request. Without one, the engine derives it from the request id; the
-/// server assigns its own ids, so we send the same derivation explicitly (the multiplier is
-/// `Engine`'s), and a request samples the same tokens over HTTP as in process.
+/// The seed sent for a request. The server assigns its own ids, so the id-derived seed the
+/// engine would use ([`rollflash_core::SamplingParams::seed_for`]) is sent explicitly, and a request samples
+/// the same tokens over HTTP as in process.
 pub(crate) fn request_seed(req: &GenRequest) -> u64 {
-    req.params
-        .seed
-        .unwrap_or(req.id.0.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    req.params.seed_for(req.id)
 }
 
 /// What remains to generate for `req`: the resumed part and the new-token budget. `None`
