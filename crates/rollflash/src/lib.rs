@@ -6,6 +6,7 @@ pub mod config;
 pub mod controller;
 pub mod learner;
 pub mod pipeline;
+pub mod warmup;
 
 pub use controller::{
     AsyncController, ControllerConfig, ControllerError, Learner, LearnerError, RunReport,

@@ -1,0 +1,92 @@
+//! The supervised warm-up stage: next-token training on a task's worked solutions before
+//! RL, and the key under which its result is cached.
+
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use rollflash_env::math_task::MathTask;
+use rollflash_model::tokenizer::Tokenizer;
+use rollflash_model::train::{
+    token_stats, AdamW, GradAccumulator, OptimizerConfig, TrainableModel,
+};
+
+use crate::config::TrainConfig;
+use crate::pipeline::PipelineError;
+
+/// Supervised warm-up on the task's worked solutions: next-token loss on the completion
+/// (and its end-of-sequence token), in the exact format the environment manager renders.
+pub fn run(
+    model: &TrainableModel,
+    tok: &Tokenizer,
+    task: &MathTask,
+    cfg: &TrainConfig,
+) -> Result<(), PipelineError> {
+    let w = &cfg.warmup;
+    let device = Device::Cpu;
+    let eos = tok
+        .eos_token_id()
+        .ok_or_else(|| PipelineError::Invalid("tokenizer has no eos token".into()))?;
+    let mut opt = AdamW::new(OptimizerConfig {
+        lr: w.lr,
+        warmup_steps: w.steps / 20,
+        total_steps: w.steps,
+        ..Default::default()
+    });
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(cfg.train.threads.max(1) + cfg.rollout.engine_threads * cfg.rollout.engines)
+        .build()
+        .map_err(|e| PipelineError::Invalid(format!("thread pool: {e}")))?;
+    let started = Instant::now();
+    println!(
+        "warm-up: {} supervised steps of {} worked solutions",
+        w.steps, w.batch_size
+    );
+    for step in 0..w.steps {
+        let examples = task.warmup_examples(w.batch_size, cfg.seed.wrapping_add(step as u64));
+        let mut seqs = Vec::with_capacity(examples.len());
+        let mut mask = Vec::new();
+        for (p, c) in &examples {
+            let mut ids: Vec<u32> = tok.bos_token_id().into_iter().collect();
+            ids.extend(tok.encode(p, false)?);
+            let prompt_len = ids.len();
+            ids.extend(tok.encode(c, false)?);
+            ids.push(eos);
+            mask.extend((0..ids.len()).map(|i| if i >= prompt_len { 1f32 } else { 0.0 }));
+            seqs.push(ids);
+        }
+        let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+        let n_loss: f32 = mask.iter().sum();
+        let loss = pool.install(|| -> Result<f32, PipelineError> {
+            let s = token_stats(model.model(), &refs, 1.0, false)?;
+            let m = Tensor::from_vec(mask.clone(), s.logprobs.dims1()?, &device)?;
+            let loss = ((s.logprobs * m)?.sum_all()?.neg()? / f64::from(n_loss))?;
+            let grads = loss.backward()?;
+            let mut acc = GradAccumulator::default();
+            acc.add(model, &grads)?;
+            opt.step(model, &acc)?;
+            Ok(loss.to_scalar::<f32>()?)
+        })?;
+        if step % 50 == 0 || step + 1 == w.steps {
+            println!(
+                "warm-up step {step:>4}  loss {loss:.4}  {:.0}s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Identifies a warm-up result: same seed, warm-up settings, task and model source.
+pub fn cache_key(cfg: &TrainConfig) -> u64 {
+    let text = format!(
+        "{}|{:?}|{}|{:?}",
+        cfg.seed,
+        cfg.warmup,
+        serde_json::to_string(&cfg.env.env).unwrap_or_default(),
+        cfg.model.path
+    );
+    // FNV-1a: stable across runs and Rust versions, unlike `DefaultHasher`.
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
