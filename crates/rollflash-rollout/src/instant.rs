@@ -24,6 +24,8 @@ pub struct InstantBackend {
     /// When true, requests wait (holding their slot) until `release` or an abort.
     held: watch::Sender<bool>,
     failing: AtomicBool,
+    /// When true, only `update_weights` fails (a sync that breaks on one server).
+    failing_updates: AtomicBool,
 }
 
 #[derive(Default)]
@@ -53,6 +55,7 @@ impl InstantBackend {
             state: Mutex::new(State::default()),
             held: watch::Sender::new(false),
             failing: AtomicBool::new(false),
+            failing_updates: AtomicBool::new(false),
         }
     }
 
@@ -77,6 +80,22 @@ impl InstantBackend {
     /// Makes every call fail as unavailable (as a dead server would), or heals it.
     pub fn set_failing(&self, failing: bool) {
         self.failing.store(failing, Ordering::SeqCst);
+    }
+
+    /// Makes `update_weights` fail (everything else keeps working), or heals it.
+    pub fn set_failing_updates(&self, failing: bool) {
+        self.failing_updates.store(failing, Ordering::SeqCst);
+    }
+
+    /// Forgets its weights as a restarted server would: back to version 0, without telling
+    /// anyone.
+    pub fn lose_weights(&self) {
+        self.lock().version = PolicyVersion::default();
+    }
+
+    /// The version of the weights it holds.
+    pub fn version(&self) -> PolicyVersion {
+        self.lock().version
     }
 
     /// Requests answered successfully so far.
@@ -200,6 +219,12 @@ impl Backend for InstantBackend {
 
     async fn update_weights(&self, update: &WeightUpdate) -> Result<(), BackendError> {
         self.check_up()?;
+        if self.failing_updates.load(Ordering::SeqCst) {
+            return Err(BackendError::Unavailable {
+                backend: self.name.clone(),
+                reason: "injected weight update failure".into(),
+            });
+        }
         self.lock().version = update.version();
         Ok(())
     }

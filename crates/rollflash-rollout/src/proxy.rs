@@ -1,6 +1,14 @@
 //! `LlmProxy`: the front door to all backends. A task owns the scheduler state machine
 //! (`rollflash_core::proxy`) and the request payloads, and carries out its actions against
 //! real backends; callers talk to it through a cloneable [`ProxyHandle`].
+//!
+//! Weights and rotation: a backend serves only while it holds the current weights. One whose
+//! weight update fails, or that went down (a restarted server comes back with whatever it
+//! loaded at start), is probed until healthy, given the latest published weights, and only
+//! then rejoins. A reply whose new tokens carry a version older than the weights its backend
+//! was known to hold when the attempt was dispatched is refused (the backend lost its
+//! weights unnoticed) and the request runs again elsewhere, so stale tokens never reach a
+//! caller.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,7 +19,7 @@ use rollflash_core::proxy::{
     Affinity, BackendId, Completion, GroupId, Outcome, ProxyAction, ProxyCounters, ProxyEvent,
     ProxySchedConfig, ProxyScheduler, RoutingPolicy,
 };
-use rollflash_core::{FinishReason, GenOutput, GenRequest, PauseMode, RequestId};
+use rollflash_core::{FinishReason, GenOutput, GenRequest, PauseMode, PolicyVersion, RequestId};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -127,8 +135,14 @@ enum Msg {
     Resume(oneshot::Sender<()>),
     /// Every backend resumed: dispatch again, then acknowledge.
     Resumed(oneshot::Sender<()>),
-    BackendDown(BackendId),
-    BackendUp(BackendId),
+    /// A weight update on a backend ended: it holds `version` now, or failed to load it.
+    Weights {
+        backend: BackendId,
+        version: PolicyVersion,
+        loaded: bool,
+    },
+    /// A probed backend is healthy again and holds the latest published weights.
+    Rejoined(BackendId),
     Metrics(oneshot::Sender<ProxyMetrics>),
     Shutdown(oneshot::Sender<ProxyCounters>),
 }
@@ -140,6 +154,51 @@ pub struct ProxyHandle {
     ids: Arc<AtomicU64>,
     groups: Arc<AtomicU64>,
     backends: Arc<Vec<Arc<dyn Backend>>>,
+    weights: Arc<Publication>,
+}
+
+/// The latest published weights, and one lock per backend that every weight update to it
+/// holds (syncs and catch-ups alike), so updates reach a backend in publication order and a
+/// slow catch-up can never overwrite newer weights with older ones.
+struct Publication {
+    /// A std `Mutex`: read and replaced, never held across an `.await`.
+    latest: std::sync::Mutex<Option<WeightUpdate>>,
+    locks: Vec<tokio::sync::Mutex<()>>,
+}
+
+impl Publication {
+    fn latest(&self) -> Option<WeightUpdate> {
+        self.latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn publish(&self, update: &WeightUpdate) {
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(update.clone());
+    }
+
+    /// Updates backend `i` under its lock and reports the result to the proxy task while
+    /// still holding it, so the task sees a backend's updates in the order they happened.
+    async fn update(
+        &self,
+        i: usize,
+        backend: &dyn Backend,
+        update: &WeightUpdate,
+        tx: &mpsc::UnboundedSender<Msg>,
+    ) -> Result<(), BackendError> {
+        let Some(lock) = self.locks.get(i) else {
+            return Ok(());
+        };
+        let _held = lock.lock().await;
+        let r = backend.update_weights(update).await;
+        let _ = tx.send(Msg::Weights {
+            backend: BackendId(i),
+            version: update.version(),
+            loaded: r.is_ok(),
+        });
+        r
+    }
 }
 
 impl std::fmt::Debug for ProxyHandle {
@@ -181,8 +240,13 @@ impl LlmProxy {
             })
             .collect();
         let list = Arc::new(list);
+        let weights = Arc::new(Publication {
+            latest: std::sync::Mutex::new(None),
+            locks: list.iter().map(|_| tokio::sync::Mutex::new(())).collect(),
+        });
         let (tx, rx) = mpsc::unbounded_channel();
         let state = ProxyTask {
+            weights: Arc::clone(&weights),
             sched,
             backends: Arc::clone(&list),
             pending: HashMap::new(),
@@ -201,6 +265,7 @@ impl LlmProxy {
                 ids: Arc::new(AtomicU64::new(1)),
                 groups: Arc::new(AtomicU64::new(1)),
                 backends: list,
+                weights,
             },
             task,
         }
@@ -334,8 +399,9 @@ impl ProxyHandle {
     }
 
     /// Publishes new weights: pause (in `mode`), update every backend, resume. A backend
-    /// whose update fails leaves rotation (it does not serve stale weights) until a later
-    /// sync succeeds on it; the error names it.
+    /// whose update fails leaves rotation (it does not serve stale weights): it is probed
+    /// and given the latest weights until that succeeds, and only then rejoins. The error
+    /// names it.
     pub async fn sync_weights(
         &self,
         update: &WeightUpdate,
@@ -344,20 +410,19 @@ impl ProxyHandle {
         let t0 = Instant::now();
         self.pause(mode).await?;
         let t1 = Instant::now();
-        let results =
-            futures::future::join_all(self.backends.iter().map(|b| b.update_weights(update))).await;
+        self.weights.publish(update);
+        let results = futures::future::join_all(
+            self.backends
+                .iter()
+                .enumerate()
+                .map(|(i, b)| self.weights.update(i, b.as_ref(), update, &self.tx)),
+        )
+        .await;
         let mut failed = Vec::new();
         for (i, r) in results.into_iter().enumerate() {
-            let id = BackendId(i);
-            match r {
-                Ok(()) => {
-                    let _ = self.tx.send(Msg::BackendUp(id));
-                }
-                Err(e) => {
-                    tracing::warn!(backend = self.backends[i].name(), error = %e, "weight sync failed");
-                    failed.push(self.backends[i].name().to_string());
-                    let _ = self.tx.send(Msg::BackendDown(id));
-                }
+            if let Err(e) = r {
+                tracing::warn!(backend = self.backends[i].name(), error = %e, "weight sync failed");
+                failed.push(self.backends[i].name().to_string());
             }
         }
         let t2 = Instant::now();
@@ -393,6 +458,9 @@ struct Pending {
     reply: Reply,
     /// The attempt now in flight, to recognise its reply.
     current: Option<(BackendId, u32)>,
+    /// The weights version its backend held when the attempt was dispatched: no newly
+    /// generated token of the attempt may carry an older one.
+    floor: PolicyVersion,
     /// How the last finished attempt ended.
     finish: FinishReason,
 }
@@ -400,6 +468,8 @@ struct Pending {
 /// The proxy task's state.
 struct ProxyTask {
     sched: ProxyScheduler,
+    /// The latest published weights, for catching up backends that rejoin.
+    weights: Arc<Publication>,
     backends: Arc<Vec<Arc<dyn Backend>>>,
     pending: HashMap<RequestId, Pending>,
     tx: mpsc::UnboundedSender<Msg>,
@@ -464,6 +534,7 @@ impl ProxyTask {
                         req: *req,
                         reply,
                         current: None,
+                        floor: PolicyVersion::default(),
                         finish: FinishReason::Stop,
                     },
                 );
@@ -503,11 +574,20 @@ impl ProxyTask {
                 self.feed(ProxyEvent::Resume);
                 let _ = ack.send(());
             }
-            Msg::BackendDown(b) => {
-                self.feed(ProxyEvent::BackendDown { backend: b });
-                self.start_probe(b);
+            Msg::Weights {
+                backend,
+                version,
+                loaded: true,
+            } => self.feed(ProxyEvent::WeightsLoaded { backend, version }),
+            Msg::Weights {
+                backend,
+                version,
+                loaded: false,
+            } => {
+                self.feed(ProxyEvent::WeightsFailed { backend, version });
+                self.start_probe(backend);
             }
-            Msg::BackendUp(b) => {
+            Msg::Rejoined(b) => {
                 if let Some(p) = self.probing.get_mut(b.0) {
                     *p = false;
                 }
@@ -530,6 +610,22 @@ impl ProxyTask {
         let outcome = match result {
             Ok(out) => {
                 let aborted = out.finish_reason == FinishReason::Aborted;
+                if let Some(stale) = self.stale_tokens(id, backend, attempt, &out) {
+                    // The backend lost the weights it was known to hold (a restarted
+                    // server loads its initial weights): drop this answer, take the backend
+                    // out of rotation (which re-queues the request) and catch it up.
+                    tracing::warn!(
+                        backend = self.backends[backend.0].name(),
+                        %id,
+                        token_version = %stale,
+                        expected = %self.sched.weights_of(backend).unwrap_or_default(),
+                        "backend generated with stale weights; refusing the reply"
+                    );
+                    let version = self.sched.current_weights();
+                    self.feed(ProxyEvent::WeightsFailed { backend, version });
+                    self.start_probe(backend);
+                    return;
+                }
                 if let Some(p) = self.pending.get_mut(&id) {
                     // Keep everything generated so far: a resume continues from it, an
                     // abort returns it. A stale attempt's reply (its backend was declared
@@ -578,6 +674,24 @@ impl ProxyTask {
         });
     }
 
+    /// For the current attempt of `id`: the oldest version among its newly generated tokens,
+    /// when that is older than the weights its backend held at dispatch.
+    fn stale_tokens(
+        &self,
+        id: RequestId,
+        backend: BackendId,
+        attempt: u32,
+        out: &GenOutput,
+    ) -> Option<PolicyVersion> {
+        let p = self.pending.get(&id)?;
+        if p.current != Some((backend, attempt)) {
+            return None;
+        }
+        let resumed = p.req.resumed_len().min(out.output.versions.len());
+        let oldest = out.output.versions[resumed..].iter().min().copied()?;
+        (oldest < p.floor).then_some(oldest)
+    }
+
     fn act(&mut self, action: ProxyAction) {
         match action {
             ProxyAction::Dispatch {
@@ -585,10 +699,12 @@ impl ProxyTask {
                 backend,
                 attempt,
             } => {
+                let floor = self.sched.weights_of(backend).unwrap_or_default();
                 let Some(p) = self.pending.get_mut(&id) else {
                     return;
                 };
                 p.current = Some((backend, attempt));
+                p.floor = floor;
                 let req = p.req.clone();
                 let b = Arc::clone(&self.backends[backend.0]);
                 let tx = self.tx.clone();
@@ -634,21 +750,32 @@ impl ProxyTask {
         }
     }
 
+    /// Probes an out-of-rotation backend until it is healthy and holds the latest published
+    /// weights (given to it here: a backend that failed a sync, or a server that restarted,
+    /// would otherwise serve old ones), then lets it rejoin. One probe per backend at a time.
     fn start_probe(&mut self, b: BackendId) {
         if self.probing.get(b.0).copied().unwrap_or(true) {
             return;
         }
         self.probing[b.0] = true;
         let backend = Arc::clone(&self.backends[b.0]);
+        let weights = Arc::clone(&self.weights);
         let tx = self.tx.clone();
         let interval = self.probe_interval;
         self.tasks.spawn(async move {
             loop {
                 tokio::time::sleep(interval).await;
-                if backend.health().await.is_ok() {
-                    let _ = tx.send(Msg::BackendUp(b));
-                    return;
+                if backend.health().await.is_err() {
+                    continue;
                 }
+                if let Some(update) = weights.latest() {
+                    if let Err(e) = weights.update(b.0, backend.as_ref(), &update, &tx).await {
+                        tracing::debug!(backend = backend.name(), error = %e, "catch-up weight update failed");
+                        continue;
+                    }
+                }
+                let _ = tx.send(Msg::Rejoined(b));
+                return;
             }
         });
     }
@@ -699,7 +826,7 @@ impl ProxyTask {
                 break;
             };
             match msg {
-                Msg::Reply { .. } | Msg::BackendDown(_) | Msg::BackendUp(_) => self.handle(msg),
+                Msg::Reply { .. } | Msg::Weights { .. } | Msg::Rejoined(_) => self.handle(msg),
                 Msg::Generate { reply, .. } => {
                     let _ = reply.send(Err(ProxyError::Shutdown));
                 }

@@ -1,6 +1,7 @@
-//! The proxy scheduler: admission, routing, aborts, pause/resume, failures — and, under a
-//! seeded random event storm, the invariants (every request completes exactly once, no
-//! backend over capacity).
+//! The proxy scheduler: admission, routing, aborts, pause/resume, failures, weight updates —
+//! and, under a seeded random event storm, the invariants (every request completes exactly
+//! once, no backend over capacity, nothing dispatched to a backend behind the current
+//! weights).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use rollflash_core::proxy::{
     routing_policy, Affinity, BackendId, Completion, GroupId, Outcome, ProxyAction, ProxyEvent,
     ProxySchedConfig, ProxyScheduler,
 };
-use rollflash_core::{PauseMode, RequestId};
+use rollflash_core::{PauseMode, PolicyVersion, RequestId};
 
 /// A scheduler plus the bookkeeping a driver would do, so tests read as scripts.
 struct Harness {
@@ -55,6 +56,12 @@ impl Harness {
                     assert!(
                         self.running.insert(id, (backend, attempt)).is_none()
                             || self.completed.iter().all(|(c, _)| *c != id),
+                    );
+                    assert!(
+                        self.s.weights_of(backend) >= Some(self.s.current_weights()),
+                        "{id} dispatched to {backend:?}, which holds {:?} < {:?}",
+                        self.s.weights_of(backend),
+                        self.s.current_weights()
                     );
                     self.dispatch_log.push((id, backend));
                 }
@@ -352,7 +359,84 @@ fn duplicate_ids_are_refused() {
     assert_eq!(h.s.live(), 1);
 }
 
-/// A seeded storm of submits, finishes, aborts, group aborts, pauses and backend failures.
+/// A sync that fails on one backend: it leaves rotation at once (its running request is
+/// re-queued, and the late reply ignored), health probes alone do not bring it back, and it
+/// rejoins when it reports the current weights — not older ones.
+#[test]
+fn a_failed_weight_update_keeps_the_backend_out_until_it_holds_the_current_weights() {
+    let mut h = Harness::new("round_robin", &[2, 2]);
+    let (b0, b1) = (BackendId(0), BackendId(1));
+    for id in 0..4 {
+        h.submit(id);
+    }
+    assert_eq!(h.s.running(), vec![2, 2]);
+    let on_b1: Vec<u64> = (0..4).filter(|&i| h.backend_of(i) == Some(b1)).collect();
+    // Keep-mode sync to v1: b0 loads it, b1 fails.
+    h.ev(ProxyEvent::Pause {
+        mode: PauseMode::Keep,
+    });
+    h.ev(ProxyEvent::WeightsLoaded {
+        backend: b0,
+        version: PolicyVersion(1),
+    });
+    assert!(
+        !h.s.is_healthy(b1),
+        "behind the current weights: no new work"
+    );
+    assert_eq!(
+        h.s.running(),
+        vec![2, 2],
+        "keep mode: b1's requests still run"
+    );
+    let stale: Vec<(RequestId, (BackendId, u32))> = on_b1
+        .iter()
+        .map(|&i| (RequestId(i), h.running[&RequestId(i)]))
+        .collect();
+    h.running.retain(|_, (b, _)| *b != b1);
+    h.ev(ProxyEvent::WeightsFailed {
+        backend: b1,
+        version: PolicyVersion(1),
+    });
+    assert_eq!(h.s.running(), vec![2, 0], "its requests were taken back");
+    assert_eq!(h.s.queue_depth(), 2);
+    h.ev(ProxyEvent::Resume);
+    // Late replies from b1's old attempts are ignored.
+    for (id, (backend, attempt)) in stale {
+        h.ev(ProxyEvent::Finished {
+            id,
+            backend,
+            attempt,
+            outcome: Outcome::Done,
+        });
+        assert!(h.completion(id.0).is_none());
+    }
+    // Healthy again, but still on old weights: stays out.
+    h.ev(ProxyEvent::BackendUp { backend: b1 });
+    h.ev(ProxyEvent::WeightsLoaded {
+        backend: b1,
+        version: PolicyVersion(0),
+    });
+    assert!(!h.s.is_healthy(b1));
+    for id in 0..2 {
+        h.finish(id, Outcome::Done);
+    }
+    assert!(h.running.values().all(|(b, _)| *b == b0));
+    // Caught up: rejoins and takes the queue.
+    h.ev(ProxyEvent::WeightsLoaded {
+        backend: b1,
+        version: PolicyVersion(1),
+    });
+    assert!(h.s.is_healthy(b1));
+    for id in 4..8 {
+        h.submit(id);
+    }
+    assert!(h.running.values().any(|(b, _)| *b == b1));
+    assert_eq!(h.s.weights_of(b1), Some(PolicyVersion(1)));
+    assert_eq!(h.s.current_weights(), PolicyVersion(1));
+}
+
+/// A seeded storm of submits, finishes, aborts, group aborts, pauses, backend failures and
+/// weight updates that fail on random backends.
 /// Whatever happens: every request completes exactly once, no backend runs past capacity,
 /// and the counters add up.
 #[test]
@@ -370,8 +454,37 @@ fn storm(policy: &str, seed: u64) {
     let mut h = Harness::new(policy, &caps);
     let mut next_id = 0u64;
     let mut down = [false; 3];
+    let mut version = 0u64;
     for _ in 0..2000 {
-        match rng.random_range(0..100) {
+        match rng.random_range(0..104) {
+            100..=101 => {
+                // A sync of a new version: each backend loads it or fails.
+                version += 1;
+                for b in 0..3 {
+                    let backend = BackendId(b);
+                    let v = PolicyVersion(version);
+                    if rng.random_bool(0.3) {
+                        h.running.retain(|_, (bk, _)| bk.0 != b);
+                        h.ev(ProxyEvent::WeightsFailed {
+                            backend,
+                            version: v,
+                        });
+                    } else {
+                        h.ev(ProxyEvent::WeightsLoaded {
+                            backend,
+                            version: v,
+                        });
+                    }
+                }
+            }
+            102..=103 => {
+                // A catch-up: one backend loads the current version.
+                let b = rng.random_range(0..3);
+                h.ev(ProxyEvent::WeightsLoaded {
+                    backend: BackendId(b),
+                    version: PolicyVersion(version),
+                });
+            }
             0..=34 => {
                 let group = Some(rng.random_range(0..8));
                 let affinity = match rng.random_range(0..3) {
@@ -437,8 +550,15 @@ fn storm(policy: &str, seed: u64) {
             assert!(*b <= cap, "seed {seed}: over capacity");
         }
     }
-    // Drain: resume, bring everything up, finish whatever runs until nothing is live.
+    // Drain: resume, bring everything up and current, finish whatever runs until nothing is
+    // live.
     h.ev(ProxyEvent::Resume);
+    for b in 0..3 {
+        h.ev(ProxyEvent::WeightsLoaded {
+            backend: BackendId(b),
+            version: PolicyVersion(version),
+        });
+    }
     for (b, _) in down.iter().enumerate().filter(|(_, d)| **d) {
         h.ev(ProxyEvent::BackendUp {
             backend: BackendId(b),

@@ -6,5 +6,6 @@
 mod common;
 mod conformance;
 mod env_manager;
+mod faults;
 mod http;
 mod proxy;

@@ -1,0 +1,165 @@
+//! Faults around weights, through the real proxy task (paused time): a backend whose weight
+//! update fails, and one that silently lost its weights (a restarted server), never serve a
+//! token older than the weights they were supposed to hold; both are caught up by the health
+//! probe and rejoin.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollflash_core::proxy::RoundRobin;
+use rollflash_core::{GenOutput, GenRequest, PauseMode, PolicyVersion, SamplingParams};
+use rollflash_rollout::{
+    Backend, BackendEntry, InstantBackend, LlmProxy, ProxyConfig, ProxyError, ProxyHandle,
+    WeightUpdate,
+};
+
+fn entry(b: &Arc<InstantBackend>) -> BackendEntry {
+    BackendEntry {
+        backend: Arc::clone(b) as Arc<dyn Backend>,
+        max_running_requests: 4,
+    }
+}
+
+fn update(v: u64) -> WeightUpdate {
+    WeightUpdate::Disk {
+        path: "unused".into(),
+        version: PolicyVersion(v),
+    }
+}
+
+/// `n` concurrent requests of 3 tokens each.
+async fn burst(h: &ProxyHandle, n: usize) -> Vec<GenOutput> {
+    let futs = (0..n).map(|_| {
+        let req = GenRequest::new(
+            h.next_id(),
+            vec![1, 2],
+            SamplingParams {
+                max_new_tokens: 3,
+                ..Default::default()
+            },
+        );
+        h.generate(req)
+    });
+    futures::future::join_all(futs)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+fn assert_all_tokens_at(outs: &[GenOutput], v: u64) {
+    for o in outs {
+        assert!(
+            o.output.versions.iter().all(|x| *x == PolicyVersion(v)),
+            "{}: versions {:?}, expected all {v}",
+            o.id,
+            o.output.versions
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_whose_sync_failed_serves_nothing_until_it_holds_the_current_weights() {
+    let a = Arc::new(InstantBackend::with_delay("a", Duration::from_millis(5)));
+    let b = Arc::new(InstantBackend::with_delay("b", Duration::from_millis(5)));
+    let proxy = LlmProxy::start(
+        vec![entry(&a), entry(&b)],
+        Box::new(RoundRobin::default()),
+        ProxyConfig::default(),
+    );
+    let h = proxy.handle();
+    assert_all_tokens_at(&burst(&h, 8).await, 0);
+    assert!(b.served() > 0);
+
+    b.set_failing_updates(true);
+    let e = h
+        .sync_weights(&update(1), PauseMode::Abort)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, ProxyError::Sync { version, failed } if *version == PolicyVersion(1) && failed == &["b".to_string()]),
+        "{e}"
+    );
+    let served_by_b = b.served();
+    // The probe keeps failing to update it: whatever time passes, b stays out and every
+    // token comes from the current weights.
+    for _ in 0..3 {
+        let outs = burst(&h, 16).await;
+        assert_all_tokens_at(&outs, 1);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert_eq!(b.served(), served_by_b, "b served with stale weights");
+    assert_eq!(b.version(), PolicyVersion(0));
+    let m = h.metrics().await.unwrap();
+    assert!(!m.backends[1].2, "b is out of rotation");
+
+    // Healed: the probe gives it the latest weights and it rejoins.
+    b.set_failing_updates(false);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(b.version(), PolicyVersion(1), "caught up by the probe");
+    assert!(h.metrics().await.unwrap().backends[1].2, "back in rotation");
+    assert_all_tokens_at(&burst(&h, 16).await, 1);
+    assert!(b.served() > served_by_b, "b serves again");
+    let c = proxy.shutdown().await.unwrap();
+    assert_eq!(c.failed, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_that_lost_its_weights_unnoticed_is_refused_and_caught_up() {
+    let a = Arc::new(InstantBackend::with_delay("a", Duration::from_millis(5)));
+    let b = Arc::new(InstantBackend::with_delay("b", Duration::from_millis(5)));
+    let proxy = LlmProxy::start(
+        vec![entry(&a), entry(&b)],
+        Box::new(RoundRobin::default()),
+        ProxyConfig::default(),
+    );
+    let h = proxy.handle();
+    h.sync_weights(&update(2), PauseMode::Abort).await.unwrap();
+    assert_eq!(b.version(), PolicyVersion(2));
+    // b restarts behind the proxy's back: its next answers carry version 0.
+    b.lose_weights();
+    let outs = burst(&h, 16).await;
+    assert_all_tokens_at(&outs, 2);
+    let m = h.metrics().await.unwrap();
+    assert!(m.counters.retries > 0, "b's stale answers were re-run");
+    assert_eq!(m.counters.completed, 16);
+    // The probe reloads the latest weights into it, and it serves again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(b.version(), PolicyVersion(2));
+    assert!(h.metrics().await.unwrap().backends[1].2);
+    let before = b.served();
+    assert_all_tokens_at(&burst(&h, 16).await, 2);
+    assert!(b.served() > before);
+    proxy.shutdown().await.unwrap();
+}
+
+/// A catch-up racing a newer sync never leaves the backend on the older weights: updates to
+/// one backend are applied in publication order.
+#[tokio::test(start_paused = true)]
+async fn catch_up_and_a_newer_sync_apply_in_order() {
+    let a = Arc::new(InstantBackend::new("a"));
+    let b = Arc::new(InstantBackend::new("b"));
+    let proxy = LlmProxy::start(
+        vec![entry(&a), entry(&b)],
+        Box::new(RoundRobin::default()),
+        ProxyConfig::default(),
+    );
+    let h = proxy.handle();
+    for v in 1..=20u64 {
+        // Every other sync fails on b, and b heals at odd moments: probes and syncs
+        // interleave.
+        b.set_failing_updates(v % 2 == 1);
+        let _ = h.sync_weights(&update(v), PauseMode::Keep).await;
+        if v % 3 == 0 {
+            b.set_failing_updates(false);
+        }
+        tokio::time::sleep(Duration::from_millis(300 * (v % 4))).await;
+    }
+    b.set_failing_updates(false);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(a.version(), PolicyVersion(20));
+    assert_eq!(b.version(), PolicyVersion(20));
+    assert_all_tokens_at(&burst(&h, 16).await, 20);
+    assert!(h.metrics().await.unwrap().backends.iter().all(|b| b.2));
+    proxy.shutdown().await.unwrap();
+}
