@@ -6,6 +6,7 @@ pub mod auth;
 pub mod buffer;
 pub mod gen;
 pub mod proxy;
+pub mod redundancy;
 pub mod trajectory;
 
 pub use gen::{GenOutput, GenRequest, Generated, InvalidParams, SamplingParams};

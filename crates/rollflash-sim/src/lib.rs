@@ -1,0 +1,24 @@
+//! `rollflash-sim`: a discrete-event simulation of rollflash's own scheduler at cluster
+//! scale. A virtual clock drives the real scheduling state machines of `rollflash-core` —
+//! `ProxyScheduler`, `SampleBuffer`, `GroupProgress` — against modelled inference workers
+//! (continuous batching with a batch- and context-dependent step cost), trainers, weight
+//! syncs and environments. No I/O, no tensors: `rollflash sim` writes what it returns.
+
+pub mod config;
+pub mod dist;
+mod error;
+pub mod gpu;
+mod report;
+pub mod scenario;
+mod sim;
+pub mod table;
+mod worker;
+
+pub use config::{
+    Batching, ClusterConfig, InferenceCost, SchedConfig, SimConfig, SyncCost, TrainCost, Workload,
+};
+pub use dist::{LatencyDist, LengthDist};
+pub use error::SimError;
+pub use report::{SimReport, StepRecord};
+pub use sim::simulate;
+pub use table::{Cell, Plot, Table};
