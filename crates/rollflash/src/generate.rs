@@ -53,7 +53,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     } else {
         a.prompt.clone()
     };
-    let prompt = tok.encode(&text, false)?;
+    // Plain text gets the tokenizer's special tokens (a leading `<bos>` where it has one), as
+    // transformers' `add_special_tokens=True` does and as training prompts start; a rendered
+    // chat template already contains its own.
+    let prompt = tok.encode(&text, !a.chat)?;
     let mut stop: Vec<u32> = loaded.config.eos_token_ids.clone();
     stop.extend(tok.eos_token_id());
     let mut engine = Engine::new(
