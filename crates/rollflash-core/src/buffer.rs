@@ -237,6 +237,19 @@ impl<T> SampleBuffer<T> {
         }
     }
 
+    /// An empty buffer resuming a run at `version`, as if every earlier version had been
+    /// trained on exactly one batch: the cumulative admission bound then admits the same
+    /// work as the uninterrupted run would at that version (what `--resume` needs).
+    pub fn starting_at(cfg: BufferConfig, version: PolicyVersion) -> Self {
+        let useful_started = version.0 * cfg.groups_per_batch as u64;
+        SampleBuffer {
+            version,
+            next_key: useful_started,
+            useful_started,
+            ..SampleBuffer::new(cfg)
+        }
+    }
+
     /// The configuration.
     pub fn config(&self) -> &BufferConfig {
         &self.cfg

@@ -247,8 +247,12 @@ impl GradAccumulator {
 
     /// Global L2 norm of the accumulated gradients.
     pub fn norm(&self) -> Result<f64> {
+        // Summed in name order: a `HashMap`'s order changes from process to process, and
+        // a resumed run must clip exactly as the uninterrupted one did.
+        let mut names: Vec<&String> = self.grads.keys().collect();
+        names.sort();
         let mut total = 0.0f64;
-        for g in self.grads.values() {
+        for g in names.into_iter().filter_map(|n| self.grads.get(n)) {
             total += g
                 .to_dtype(DType::F64)?
                 .sqr()?
@@ -290,6 +294,39 @@ impl AdamW {
     /// Steps taken so far.
     pub fn steps_taken(&self) -> usize {
         self.step
+    }
+
+    /// The optimizer's state for a checkpoint: steps taken (the learning-rate schedule's
+    /// position) and the moments as named tensors, `exp_avg.<param>` and `exp_avg_sq.<param>`
+    /// (torch's names).
+    pub fn state(&self) -> (usize, Weights) {
+        let mut w = Weights::default();
+        for (name, (m, v)) in &self.state {
+            w.insert(format!("exp_avg.{name}"), m.clone());
+            w.insert(format!("exp_avg_sq.{name}"), v.clone());
+        }
+        (self.step, w)
+    }
+
+    /// An optimizer continuing from a [`AdamW::state`]; fails on a moment without its pair.
+    pub fn from_state(cfg: OptimizerConfig, step: usize, moments: &Weights) -> Result<Self> {
+        let mut state = HashMap::new();
+        for name in moments.names() {
+            let Some(param) = name.strip_prefix("exp_avg.") else {
+                continue;
+            };
+            let get = |n: &str| {
+                moments
+                    .tensors()
+                    .get(n)
+                    .cloned()
+                    .ok_or_else(|| ModelError::MissingTensor { name: n.into() })
+            };
+            let m = get(name)?;
+            let v = get(&format!("exp_avg_sq.{param}"))?;
+            state.insert(param.to_string(), (m, v));
+        }
+        Ok(AdamW { cfg, step, state })
     }
 
     /// Applies accumulated gradients to the model's variables in place.

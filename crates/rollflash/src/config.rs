@@ -54,6 +54,10 @@ pub struct TrainConfig {
     pub buffer: BufferConfig,
     pub train: TrainSection,
     pub controller: ControllerSection,
+    /// Checkpoints every K steps (see `crate::checkpoint`).
+    pub checkpoint: crate::checkpoint::CheckpointSection,
+    /// Progress bar, Prometheus endpoint, final report (see `crate::metrics`).
+    pub metrics: crate::metrics::MetricsSection,
 }
 
 /// Which policy to start from.
@@ -160,6 +164,8 @@ impl Default for TrainConfig {
             },
             train: TrainSection::default(),
             controller: ControllerSection::default(),
+            checkpoint: Default::default(),
+            metrics: Default::default(),
         }
     }
 }
@@ -367,6 +373,8 @@ impl TrainConfig {
         if self.warmup.steps > 0 && !(self.warmup.lr > 0.0) {
             return Err(field("warmup.lr", "must be > 0"));
         }
+        self.checkpoint.validate()?;
+        self.metrics.validate()?;
         if self.controller.sync && self.buffer.alpha != 0.0 {
             return Err(field(
                 "buffer.alpha",

@@ -42,11 +42,80 @@ pub trait Learner: Send + 'static {
 #[error("training step failed: {0}")]
 pub struct LearnerError(pub String);
 
+/// A step observer (metrics, checkpoints) failed; the run stops rather than lose them.
+#[derive(Debug, thiserror::Error)]
+#[error("step observer failed: {message}")]
+pub struct SinkError {
+    pub message: String,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl SinkError {
+    /// An error with a message and the error that caused it.
+    pub fn new(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        SinkError {
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+}
+
+/// Where the run stands after a step: everything a checkpoint needs besides the learner
+/// to continue exactly there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Cursor {
+    /// Steps completed (= records written).
+    pub steps_done: usize,
+    /// The policy version those steps published.
+    pub version: PolicyVersion,
+    /// The task seed the next group will use: the data cursor. Every random choice of a
+    /// rollout derives from (task seed, index in group, turn), so this is also the rollout's
+    /// whole random state.
+    pub next_seed: u64,
+}
+
+/// Sees every step as it is published, with the learner at the new version: writes
+/// metrics, shows progress, saves checkpoints. Runs on the controller's task, between
+/// steps; keep it short.
+pub trait StepSink<L>: Send {
+    /// One step was published.
+    fn on_step(
+        &mut self,
+        record: &StepRecord,
+        learner: &L,
+        cursor: Cursor,
+    ) -> Result<(), SinkError>;
+}
+
+/// A sink that does nothing.
+#[derive(Debug, Default)]
+pub struct NoSink;
+
+impl<L> StepSink<L> for NoSink {
+    fn on_step(&mut self, _: &StepRecord, _: &L, _: Cursor) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+/// Where a resumed run starts: a [`Cursor`] read back from a checkpoint, and the sample
+/// counts so far (so per-step accounting continues from them).
+#[derive(Debug, Clone, Copy)]
+pub struct ResumeFrom {
+    pub cursor: Cursor,
+    pub accounting: Accounting,
+}
+
 /// Why the controller stopped early.
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
     #[error(transparent)]
     Learner(#[from] LearnerError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
     #[error("invalid controller config: {0}")]
     Config(String),
     #[error("training task panicked: {0}")]
@@ -78,14 +147,29 @@ pub struct StepRecord {
     /// Model tokens trained on.
     pub tokens: usize,
     pub mean_reward: f64,
+    /// Fraction of the batch's samples whose reward reached the success threshold.
+    pub accuracy: f64,
+    /// Mean of −log π_behav(token) over the batch's model tokens: a Monte Carlo estimate
+    /// of the sampling policy's per-token entropy, free because the engine recorded the
+    /// log-probs.
+    pub sampled_entropy: f64,
     /// Mean (version − start version) of the batch.
     pub staleness: f64,
+    /// Samples of the batch by staleness (version − start version), ascending.
+    pub staleness_hist: Vec<(u64, u64)>,
+    /// Largest staleness in the batch; never above ⌈α⌉.
+    pub staleness_max: u64,
     /// Time from the previous publication (or the start) to this one.
     pub wall: Duration,
     /// Time the trainer spent in the step.
     pub train: Duration,
     /// Time the trainer waited for a batch.
     pub wait: Duration,
+    /// Time within `wall` when no rollout group was running (nothing to generate or
+    /// admission closed) or generation was paused for the weight sync.
+    pub rollout_idle: Duration,
+    /// Time since the controller started (at this publication).
+    pub elapsed: Duration,
     pub sync: SyncTimings,
     pub stats: StepStats,
     pub accounting: Accounting,
@@ -99,6 +183,8 @@ pub struct RunReport {
     pub wall: Duration,
     /// Trained samples by staleness.
     pub staleness: Vec<(u64, u64)>,
+    /// Where the run ended (what a checkpoint of its end would hold).
+    pub cursor: Cursor,
 }
 
 impl RunReport {
@@ -122,6 +208,10 @@ pub struct AsyncController<L: Learner> {
     make_env: EnvFactory,
     version: watch::Sender<PolicyVersion>,
     learner: Option<Box<L>>,
+    /// A sample counts as a success (for `accuracy`) when its reward is at least this.
+    success_threshold: f64,
+    /// Continue a checkpointed run instead of starting at version 0.
+    resume: Option<ResumeFrom>,
 }
 
 impl<L: Learner> std::fmt::Debug for AsyncController<L> {
@@ -152,7 +242,24 @@ impl<L: Learner> AsyncController<L> {
             make_env,
             version,
             learner: Some(Box::new(learner)),
+            success_threshold: 1.0,
+            resume: None,
         })
+    }
+
+    /// Counts a sample as a success (for `accuracy`) when its reward is at least
+    /// `threshold` (default 1: the math task's exact answer, a grid world's goal).
+    pub fn with_success_threshold(mut self, threshold: f64) -> Self {
+        self.success_threshold = threshold;
+        self
+    }
+
+    /// Continues a checkpointed run: the buffer starts at the cursor's version, groups at
+    /// its seed, step numbers after its steps, and the counts from its accounting. The
+    /// learner and the backends must already hold that version's weights.
+    pub fn resume_from(mut self, from: ResumeFrom) -> Self {
+        self.resume = Some(from);
+        self
     }
 
     /// Runs `cfg.steps` training steps and returns what happened. Everything it started is
@@ -162,21 +269,41 @@ impl<L: Learner> AsyncController<L> {
     }
 
     /// As [`AsyncController::run`], also handing back the learner (to save its model).
-    pub async fn run_returning_learner(
+    pub async fn run_returning_learner(self) -> Result<(RunReport, Option<L>), ControllerError> {
+        self.run_with_sink(&mut NoSink).await
+    }
+
+    /// As [`AsyncController::run_returning_learner`], showing every step to `sink` as it
+    /// is published.
+    pub async fn run_with_sink(
         mut self,
+        sink: &mut dyn StepSink<L>,
     ) -> Result<(RunReport, Option<L>), ControllerError> {
-        let mut buffer: SampleBuffer<Trajectory> = SampleBuffer::new(self.cfg.buffer.clone());
+        let (mut buffer, mut next_seed, done_before, base) = match self.resume {
+            Some(r) => (
+                SampleBuffer::starting_at(self.cfg.buffer.clone(), r.cursor.version),
+                r.cursor.next_seed,
+                r.cursor.steps_done,
+                r.accounting,
+            ),
+            None => (
+                SampleBuffer::new(self.cfg.buffer.clone()),
+                self.cfg.seed,
+                0,
+                Accounting::default(),
+            ),
+        };
         let mut groups: JoinSet<GroupDone> = JoinSet::new();
-        let mut next_seed = self.cfg.seed;
         let group_samples = (self.cfg.buffer.group_size + self.cfg.redundancy) as u64;
         let start = Instant::now();
         let mut last_publish = start;
         let mut steps = Vec::new();
         let mut training: Option<tokio::task::JoinHandle<TrainDone<L>>> = None;
         let mut wait_since = Some(start);
+        let mut rollout_idle = Duration::ZERO;
         let mut result = Ok(());
 
-        while steps.len() < self.cfg.steps {
+        while done_before + steps.len() < self.cfg.steps {
             // Admission: start every group the buffer allows now.
             while let Some((key, _v)) = buffer.try_start(group_samples) {
                 let envs = self.envs.clone();
@@ -206,13 +333,21 @@ impl<L: Learner> AsyncController<L> {
                     }));
                 }
             }
+            // Rollout is idle over this wait if no group runs while it lasts.
+            let idle_since = (buffer.running_groups() == 0).then(Instant::now);
             tokio::select! {
                 Some(done) = groups.join_next() => {
+                    if let Some(t) = idle_since {
+                        rollout_idle += t.elapsed();
+                    }
                     if let Ok((key, g)) = done {
                         buffer.finish(key, outcome(g));
                     }
                 }
                 done = join_training(&mut training), if training.is_some() => {
+                    if let Some(t) = idle_since {
+                        rollout_idle += t.elapsed();
+                    }
                     training = None;
                     let done = match done {
                         Ok(d) => d,
@@ -232,6 +367,7 @@ impl<L: Learner> AsyncController<L> {
                     let new_version = update.version();
                     // A backend that fails the sync leaves rotation (the proxy handles it);
                     // training goes on with the rest.
+                    let sync_start = Instant::now();
                     let sync = match self.proxy.sync_weights(&update, self.cfg.pause_mode).await {
                         Ok(t) => t,
                         Err(e) => {
@@ -239,6 +375,8 @@ impl<L: Learner> AsyncController<L> {
                             SyncTimings::default()
                         }
                     };
+                    // Generation is paused for the sync (or nothing runs at all).
+                    rollout_idle += sync_start.elapsed();
                     buffer.publish(new_version);
                     self.version.send_replace(new_version);
                     let batch = &done.batch;
@@ -255,20 +393,46 @@ impl<L: Learner> AsyncController<L> {
                         .flat_map(|g| g.samples.iter())
                         .map(|(_, r)| *r)
                         .sum();
+                    let successes = batch
+                        .groups
+                        .iter()
+                        .flat_map(|g| g.samples.iter())
+                        .filter(|(_, r)| *r >= self.success_threshold)
+                        .count();
+                    let (mut nll, mut n_tok) = (0.0f64, 0usize);
+                    for (t, _) in batch.groups.iter().flat_map(|g| g.samples.iter()) {
+                        for (lp, m) in t.logprobs.iter().zip(&t.loss_mask) {
+                            if *m == 1 {
+                                nll -= f64::from(*lp);
+                                n_tok += 1;
+                            }
+                        }
+                    }
+                    let mut hist = std::collections::BTreeMap::<u64, u64>::new();
+                    for g in &batch.groups {
+                        *hist.entry(batch.version.0.saturating_sub(g.start.0)).or_default() +=
+                            g.samples.len() as u64;
+                    }
                     let now = Instant::now();
                     let record = StepRecord {
-                        step: steps.len(),
+                        step: done_before + steps.len(),
                         version: batch.version,
                         samples,
                         tokens,
                         mean_reward: reward / samples.max(1) as f64,
+                        accuracy: successes as f64 / samples.max(1) as f64,
+                        sampled_entropy: nll / n_tok.max(1) as f64,
                         staleness: batch.mean_staleness(),
+                        staleness_max: hist.keys().next_back().copied().unwrap_or(0),
+                        staleness_hist: hist.into_iter().collect(),
                         wall: now - last_publish,
                         train: done.train,
                         wait: done.waited,
+                        rollout_idle: std::mem::take(&mut rollout_idle),
+                        elapsed: now - start,
                         sync,
                         stats,
-                        accounting: buffer.accounting(),
+                        accounting: add(base, buffer.accounting()),
                     };
                     tracing::info!(
                         step = record.step,
@@ -279,9 +443,21 @@ impl<L: Learner> AsyncController<L> {
                         wall_s = record.wall.as_secs_f64(),
                         "step"
                     );
+                    let cursor = Cursor {
+                        steps_done: record.step + 1,
+                        version: new_version,
+                        next_seed,
+                    };
+                    if let Some(l) = self.learner.as_deref() {
+                        if let Err(e) = sink.on_step(&record, l, cursor) {
+                            result = Err(e.into());
+                            steps.push(record);
+                            break;
+                        }
+                    }
                     steps.push(record);
-                    last_publish = now;
-                    wait_since = Some(now);
+                    last_publish = Instant::now();
+                    wait_since = Some(last_publish);
                 }
                 else => break,
             }
@@ -313,8 +489,13 @@ impl<L: Learner> AsyncController<L> {
         }
         result?;
         let report = RunReport {
+            cursor: Cursor {
+                steps_done: done_before + steps.len(),
+                version: buffer.version(),
+                next_seed,
+            },
             steps,
-            accounting: buffer.accounting(),
+            accounting: add(base, buffer.accounting()),
             wall: start.elapsed(),
             staleness: buffer
                 .staleness_histogram()
@@ -345,8 +526,25 @@ struct TrainDone<L> {
     waited: Duration,
 }
 
-/// A group's rollout result as the buffer counts it.
-fn outcome(g: GroupResult) -> GroupOutcome<Trajectory> {
+/// Counts of an earlier process (a resumed run's start) plus this one's. What was running
+/// or buffered when the checkpoint was written is not resumed: it counts as aborted.
+fn add(base: Accounting, now: Accounting) -> Accounting {
+    Accounting {
+        started: base.started + now.started,
+        trained: base.trained + now.trained,
+        filtered: base.filtered + now.filtered,
+        dropped_stale: base.dropped_stale + now.dropped_stale,
+        aborted: base.aborted + base.running + base.buffered + now.aborted,
+        failed: base.failed + now.failed,
+        running: now.running,
+        buffered: now.buffered,
+    }
+}
+
+/// A group's rollout result as the buffer counts it. Samples are put in index order, not
+/// finishing order, so a batch (and every float sum over it) does not depend on timing.
+fn outcome(mut g: GroupResult) -> GroupOutcome<Trajectory> {
+    g.kept.sort_by_key(|t| t.index);
     GroupOutcome {
         samples: g
             .kept

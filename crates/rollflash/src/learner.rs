@@ -167,3 +167,17 @@ impl Learner for PolicyLearner {
         self.step(batch)
     }
 }
+
+/// Checkpointing hooks (used by `crate::checkpoint`): the optimizer's state goes with the
+/// weights so a resumed run continues the same moments and learning-rate schedule.
+impl PolicyLearner {
+    /// The optimizer.
+    pub fn optimizer(&self) -> &AdamW {
+        &self.opt
+    }
+
+    /// Replaces the optimizer (with one restored from a checkpoint).
+    pub fn set_optimizer(&mut self, opt: AdamW) {
+        self.opt = opt;
+    }
+}

@@ -4,6 +4,7 @@
 mod bench;
 mod bench_proxy;
 mod env_serve;
+mod eval_cmd;
 mod generate;
 mod serve;
 mod signal;
@@ -36,6 +37,13 @@ enum Command {
     /// decoupled PPO, α = 1). `--config FILE` and `--set key=value` change anything;
     /// `--dry-run` prints the resolved config.
     Train(train_cmd::TrainArgs),
+    /// Held-out greedy accuracy / success rate of a checkpoint on a config's task.
+    Eval(eval_cmd::EvalArgs),
+    /// Rebuild a run's report (`DIR/report/`: plots and report.md) from its metrics.jsonl.
+    Report {
+        /// The run's output directory.
+        dir: PathBuf,
+    },
     /// Generate text with the built-in model or a Hugging Face model directory.
     Generate(generate::GenerateArgs),
     /// Convert a llama.cpp GGUF file (e.g. SmolLM2-135M-Instruct) into a Hugging Face directory.
@@ -73,6 +81,8 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Train(a) => train_cmd::run(a),
+        Command::Eval(a) => eval_cmd::run(a),
+        Command::Report { dir } => eval_cmd::report(dir),
         Command::Generate(a) => generate::run(a),
         Command::ConvertGguf { input, output } => {
             rollflash_model::gguf::convert_gguf_to_hf(&input, &output)?;

@@ -1,9 +1,11 @@
 //! The whole `rollflash train` run from a [`TrainConfig`]: policy (built-in or a Hugging
 //! Face directory), a cached supervised warm-up where the task needs one, engine workers
 //! behind the proxy, environments through the `EnvManager`, the asynchronous controller with
-//! the policy learner, greedy evaluation before and after, metrics and the final checkpoint.
+//! the policy learner, greedy evaluation before and after, per-step metrics (file, progress
+//! bar, Prometheus), checkpoints and `--resume`, the final checkpoint and report. Also
+//! `rollflash eval`'s evaluation of a checkpoint, which shares the rollout setup.
 
-use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -23,12 +25,21 @@ use rollflash_rollout::{
     Backend, BackendEntry, EngineBackend, EngineBackendConfig, EnvFactory, EnvManager,
     EnvManagerConfig, LlmProxy, ProxyConfig, Renderer,
 };
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::checkpoint::{self, Checkpointer};
 use crate::config::TrainConfig;
-use crate::controller::{AsyncController, ControllerConfig, RunReport};
+use crate::controller::{
+    AsyncController, ControllerConfig, Cursor, ResumeFrom, RunReport, SinkError, StepRecord,
+    StepSink,
+};
 use crate::learner::{LearnerConfig, PolicyLearner};
-use crate::warmup;
+use crate::metrics::MetricsLog;
+use crate::progress::Progress;
+use crate::prometheus::{PromServer, SharedGauges};
+use crate::report::RunSummary;
+use crate::{agentic_warmup, warmup};
 
 /// Why a run failed; the message says at which stage.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +58,12 @@ pub enum PipelineError {
     Controller(#[from] crate::controller::ControllerError),
     #[error("learner: {0}")]
     Learner(#[from] crate::controller::LearnerError),
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
+    #[error("report: {0}")]
+    Report(#[from] crate::report::ReportError),
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -54,102 +71,169 @@ pub enum PipelineError {
         #[source]
         source: std::io::Error,
     },
+    #[error("prometheus endpoint {addr}: {source}")]
+    Prometheus {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Held-out greedy evaluation of a policy on the configured task.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EvalResult {
+    /// Tasks evaluated (one greedy trajectory each).
+    pub tasks: usize,
+    /// Mean total reward.
+    pub mean_reward: f64,
+    /// Fraction of tasks whose reward reached the task's success threshold (accuracy for
+    /// math, success rate for the grid worlds).
+    pub success_rate: f64,
 }
 
 /// What a run produced.
 #[derive(Debug, Clone)]
 pub struct TrainSummary {
-    /// Mean greedy reward on held-out tasks before RL (after the warm-up).
-    pub eval_before: Option<f64>,
+    /// Held-out evaluation before RL (after the warm-up); for a resumed run, the one its
+    /// first process measured.
+    pub eval_before: Option<EvalResult>,
     /// The same after RL.
-    pub eval_after: Option<f64>,
+    pub eval_after: Option<EvalResult>,
     pub report: RunReport,
     /// Where the final checkpoint was written.
     pub checkpoint: PathBuf,
+    /// The checkpoint this run resumed from.
+    pub resumed_from: Option<PathBuf>,
+    /// `report/report.md`, when the report was written.
+    pub report_path: Option<PathBuf>,
+}
+
+/// Which checkpoint `--resume` continues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resume {
+    /// The newest under `output_dir/checkpoints`.
+    Latest,
+    /// This checkpoint directory.
+    Dir(PathBuf),
+}
+
+/// What the command line adds to a config.
+#[derive(Debug, Default)]
+pub struct RunOptions {
+    pub resume: Option<Resume>,
+    /// Overrides `[metrics] prometheus`.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Told the Prometheus endpoint's bound address once it listens (tests bind port 0).
+    pub metrics_bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 }
 
 /// Episode seeds for evaluation, far from the training seeds so no task is shared.
 const EVAL_SEED_BASE: u64 = 1 << 40;
 
-/// Runs everything the config describes.
-pub async fn run(cfg: TrainConfig) -> Result<TrainSummary, PipelineError> {
-    let device = Device::Cpu;
-    std::fs::create_dir_all(&cfg.output_dir).map_err(|source| PipelineError::Io {
-        what: "cannot create output directory",
-        path: cfg.output_dir.clone(),
-        source,
-    })?;
+/// The reward at or above which an episode of `env` counts as a success: the math task's
+/// (and tool use's) exact answer scores 1; FrozenLake's goal scores its goal reward; a
+/// solved Sokoban room adds `solved_reward`, which step costs and box rewards cannot
+/// reach on their own, so half of it separates solved from unsolved.
+pub fn success_threshold(env: &EnvConfig) -> f64 {
+    match env {
+        EnvConfig::Math(_) | EnvConfig::ToolUse(_) => 1.0,
+        EnvConfig::FrozenLake(c) => c.reward_schedule.0,
+        EnvConfig::Sokoban(c) => c.solved_reward / 2.0,
+    }
+}
 
-    // The policy and how conversations become tokens.
-    let (model_cfg, weights, tokenizer, renderer) = match &cfg.model.path {
-        Some(dir) => {
-            let model_cfg = rollflash_model::hf::load_config(dir)?;
-            let weights = rollflash_model::hf::load_weights(dir, &device)?;
-            let tokenizer = Tokenizer::from_dir(dir)?;
-            let renderer =
-                match ChatTemplate::from_tokenizer_config(&dir.join("tokenizer_config.json"))? {
-                    Some(t) => Renderer::Chat {
-                        template: Arc::new(t),
-                        system: None,
-                    },
-                    None => plain(),
-                };
-            (model_cfg, weights, tokenizer, renderer)
-        }
+/// The policy a run starts from, and how its conversations become tokens.
+struct Policy {
+    model_cfg: ModelConfig,
+    weights: Weights,
+    tokenizer: Arc<Tokenizer>,
+    renderer: Renderer,
+}
+
+fn plain() -> Renderer {
+    Renderer::Plain {
+        separator: "\n".into(),
+    }
+}
+
+/// The renderer `rollout.renderer` asks for, given the model directory (if any).
+fn renderer_for(cfg: &TrainConfig, dir: Option<&Path>) -> Result<Renderer, PipelineError> {
+    let template = match dir {
+        Some(d) => ChatTemplate::from_tokenizer_config(&d.join("tokenizer_config.json"))?,
+        None => None,
+    };
+    match (cfg.rollout.renderer.as_str(), template) {
+        ("plain", _) | ("auto", None) => Ok(plain()),
+        (_, Some(t)) => Ok(Renderer::Chat {
+            template: Arc::new(t),
+            system: None,
+        }),
+        (_, None) => Err(PipelineError::Invalid(
+            "rollout.renderer = \"chat\" needs a model directory with a chat template".into(),
+        )),
+    }
+}
+
+/// The tokenizer and renderer of the configured model (the built-in one when
+/// `model.path` is empty).
+fn tokenizer_and_renderer(cfg: &TrainConfig) -> Result<(Tokenizer, Renderer), PipelineError> {
+    match &cfg.model.path {
+        Some(dir) => Ok((Tokenizer::from_dir(dir)?, renderer_for(cfg, Some(dir))?)),
+        None => Ok((Tokenizer::builtin(), renderer_for(cfg, None)?)),
+    }
+}
+
+/// The configured starting policy: a Hugging Face directory, or the built-in model with
+/// random weights from the seed.
+fn initial_policy(cfg: &TrainConfig, device: &Device) -> Result<Policy, PipelineError> {
+    let (tokenizer, renderer) = tokenizer_and_renderer(cfg)?;
+    let (model_cfg, weights) = match &cfg.model.path {
+        Some(dir) => (
+            rollflash_model::hf::load_config(dir)?,
+            rollflash_model::hf::load_weights(dir, device)?,
+        ),
         None => {
-            let tokenizer = Tokenizer::builtin();
             let eos = tokenizer
                 .eos_token_id()
                 .ok_or_else(|| PipelineError::Invalid("built-in tokenizer has no eos".into()))?;
             let model_cfg = ModelConfig::builtin_default(tokenizer.vocab_size(), eos);
-            let weights = Weights::random(&model_cfg, cfg.seed, DType::F32, &device)?;
-            (model_cfg, weights, tokenizer, plain())
+            let weights = Weights::random(&model_cfg, cfg.seed, DType::F32, device)?;
+            (model_cfg, weights)
         }
     };
-    let tokenizer = Arc::new(tokenizer);
-    let eos = tokenizer.eos_token_id();
-    let mut model = TrainableModel::new(&model_cfg, &weights, DType::F32, &device)?;
+    Ok(Policy {
+        model_cfg,
+        weights,
+        tokenizer: Arc::new(tokenizer),
+        renderer,
+    })
+}
 
-    // Supervised warm-up (math task only: its generator lives with the task), cached.
-    if cfg.warmup.steps > 0 {
-        if let EnvConfig::Math(task_cfg) = &cfg.env.env {
-            let task = MathTask::new(task_cfg.clone())
-                .map_err(|e| PipelineError::Invalid(format!("env: {e}")))?;
-            let cache = cfg
-                .output_dir
-                .join(format!("warmup-{:016x}", warmup::cache_key(&cfg)));
-            if cfg.warmup.cache && cache.join("model.safetensors").exists() {
-                let w = rollflash_model::hf::load_weights(&cache, &device)?;
-                model = TrainableModel::new(&model_cfg, &w, DType::F32, &device)?;
-                println!("warm-up: reused {}", cache.display());
-            } else {
-                tokio::task::block_in_place(|| warmup::run(&model, &tokenizer, &task, &cfg))?;
-                if cfg.warmup.cache {
-                    rollflash_model::hf::save_dir(
-                        &cache,
-                        &model_cfg,
-                        &model.weights(),
-                        Some(&tokenizer),
-                    )?;
-                }
-            }
-        } else {
-            println!(
-                "warm-up: skipped (only the math task ships warm-up data; env is `{}`)",
-                cfg.env.name()
-            );
-        }
-    }
+/// Engines behind the proxy, the environment managers for training (sampling) and
+/// evaluation (greedy, no injected latency or failures), and the version channel.
+struct Rollout {
+    proxy: LlmProxy,
+    version: watch::Sender<PolicyVersion>,
+    envs: EnvManager,
+    make: EnvFactory,
+    eval_envs: EnvManager,
+    eval_make: EnvFactory,
+}
 
-    // Rollout plane: engine workers behind the proxy.
+fn start_rollout(
+    cfg: &TrainConfig,
+    policy: &Policy,
+    model: &TrainableModel,
+    version: PolicyVersion,
+) -> Result<Rollout, PipelineError> {
     let snapshot = Arc::new(model.snapshot()?);
     let mut backends = Vec::new();
     for i in 0..cfg.rollout.engines {
         let b = EngineBackend::start(
             Arc::clone(&snapshot),
-            PolicyVersion(0),
+            version,
             EngineBackendConfig {
                 name: format!("engine-{i}"),
                 engine: EngineConfig {
@@ -164,16 +248,16 @@ pub async fn run(cfg: TrainConfig) -> Result<TrainSummary, PipelineError> {
             max_running_requests: cfg.rollout.max_running_requests,
         });
     }
-    let policy = routing_policy(&cfg.rollout.routing).ok_or_else(|| {
+    let routing = routing_policy(&cfg.rollout.routing).ok_or_else(|| {
         PipelineError::Invalid(format!("unknown routing {}", cfg.rollout.routing))
     })?;
-    let proxy = LlmProxy::start(backends, policy, ProxyConfig::default());
-    let (vtx, vrx) = watch::channel(PolicyVersion(0));
+    let proxy = LlmProxy::start(backends, routing, ProxyConfig::default());
+    let (vtx, vrx) = watch::channel(version);
     let sampling = SamplingParams {
         temperature: cfg.rollout.temperature,
         top_p: cfg.rollout.top_p,
         max_new_tokens: cfg.rollout.max_new_tokens,
-        stop_token_ids: eos.into_iter().collect(),
+        stop_token_ids: policy.tokenizer.eos_token_id().into_iter().collect(),
         seed: Some(cfg.seed),
         ..Default::default()
     };
@@ -185,23 +269,22 @@ pub async fn run(cfg: TrainConfig) -> Result<TrainSummary, PipelineError> {
     };
     let envs = EnvManager::new(
         proxy.handle(),
-        Arc::clone(&tokenizer),
-        renderer.clone(),
+        Arc::clone(&policy.tokenizer),
+        policy.renderer.clone(),
         env_cfg.clone(),
         vrx.clone(),
     );
     let spec = cfg.env.clone();
     spec.validate()?;
     let make: EnvFactory = Arc::new(move || make_env(&spec));
-    // Evaluation: the same environments without injected latency or failures, greedy.
     let mut eval_spec = cfg.env.clone();
     eval_spec.latency = None;
     eval_spec.failure = None;
     let eval_make: EnvFactory = Arc::new(move || make_env(&eval_spec));
     let eval_envs = EnvManager::new(
         proxy.handle(),
-        Arc::clone(&tokenizer),
-        renderer,
+        Arc::clone(&policy.tokenizer),
+        policy.renderer.clone(),
         EnvManagerConfig {
             sampling: SamplingParams {
                 temperature: 0.0,
@@ -211,39 +294,208 @@ pub async fn run(cfg: TrainConfig) -> Result<TrainSummary, PipelineError> {
         },
         vrx,
     );
+    Ok(Rollout {
+        proxy,
+        version: vtx,
+        envs,
+        make,
+        eval_envs,
+        eval_make,
+    })
+}
 
-    let eval_before = evaluate(&eval_envs, &eval_make, cfg.train.eval_problems).await;
-    if let Some(r) = eval_before {
+/// The supervised warm-up the task needs, cached under `output_dir`: the math task's
+/// worked solutions, or a grid world's optimal moves.
+async fn warm_up(
+    cfg: &TrainConfig,
+    policy: &Policy,
+    model: &mut TrainableModel,
+    device: &Device,
+) -> Result<(), PipelineError> {
+    if cfg.warmup.steps == 0 {
+        return Ok(());
+    }
+    let supported = matches!(cfg.env.env, EnvConfig::Math(_) | EnvConfig::FrozenLake(_));
+    if !supported {
         println!(
-            "eval before RL: mean greedy reward {r:.3} on {} tasks",
-            cfg.train.eval_problems
+            "warm-up: skipped (warm-up data exists for math and frozen_lake; env is `{}`)",
+            cfg.env.name()
+        );
+        return Ok(());
+    }
+    let cache = cfg
+        .output_dir
+        .join(format!("warmup-{:016x}", warmup::cache_key(cfg)));
+    if cfg.warmup.cache && cache.join("model.safetensors").exists() {
+        let w = rollflash_model::hf::load_weights(&cache, device)?;
+        *model = TrainableModel::new(&policy.model_cfg, &w, DType::F32, device)?;
+        println!("warm-up: reused {}", cache.display());
+        return Ok(());
+    }
+    match &cfg.env.env {
+        EnvConfig::Math(task_cfg) => {
+            let task = MathTask::new(task_cfg.clone())
+                .map_err(|e| PipelineError::Invalid(format!("env: {e}")))?;
+            tokio::task::block_in_place(|| warmup::run(model, &policy.tokenizer, &task, cfg))?;
+        }
+        EnvConfig::FrozenLake(lake) => {
+            agentic_warmup::run(model, &policy.tokenizer, lake, cfg).await?;
+        }
+        _ => {}
+    }
+    if cfg.warmup.cache {
+        rollflash_model::hf::save_dir(
+            &cache,
+            &policy.model_cfg,
+            &model.weights(),
+            Some(&policy.tokenizer),
+        )?;
+    }
+    Ok(())
+}
+
+/// Runs everything the config describes, from scratch.
+pub async fn run(cfg: TrainConfig) -> Result<TrainSummary, PipelineError> {
+    run_with(cfg, RunOptions::default()).await
+}
+
+/// Runs everything the config describes, resuming or serving metrics as `opts` asks.
+pub async fn run_with(
+    cfg: TrainConfig,
+    mut opts: RunOptions,
+) -> Result<TrainSummary, PipelineError> {
+    let device = Device::Cpu;
+    std::fs::create_dir_all(&cfg.output_dir).map_err(|source| PipelineError::Io {
+        what: "cannot create output directory",
+        path: cfg.output_dir.clone(),
+        source,
+    })?;
+    let ckpt_root = checkpoint::root(&cfg.output_dir);
+
+    // The policy: from a checkpoint when resuming (no warm-up: the checkpoint is past it).
+    let resumed = match &opts.resume {
+        Some(Resume::Latest) => Some(checkpoint::load(&checkpoint::latest(&ckpt_root)?, &device)?),
+        Some(Resume::Dir(d)) => Some(checkpoint::load(d, &device)?),
+        None => None,
+    };
+    let mut policy = initial_policy(&cfg, &device)?;
+    if let Some(r) = &resumed {
+        if r.state.seed != cfg.seed {
+            return Err(PipelineError::Invalid(format!(
+                "checkpoint {} was written by a run with seed {}, this config has seed {}",
+                r.dir.display(),
+                r.state.seed,
+                cfg.seed
+            )));
+        }
+        policy.model_cfg = r.model_cfg.clone();
+        policy.weights = r.weights.clone();
+        println!(
+            "resuming from {} (step {}, version {})",
+            r.dir.display(),
+            r.state.cursor.steps_done,
+            r.state.cursor.version
         );
     }
+    let mut model = TrainableModel::new(&policy.model_cfg, &policy.weights, DType::F32, &device)?;
+    if resumed.is_none() {
+        warm_up(&cfg, &policy, &mut model, &device).await?;
+    }
 
-    // The controller with the real learner.
+    let start_version = resumed
+        .as_ref()
+        .map_or(PolicyVersion(0), |r| r.state.cursor.version);
+    let rollout = start_rollout(&cfg, &policy, &model, start_version)?;
+    let threshold = success_threshold(&cfg.env.env);
+
+    let eval_before = match &resumed {
+        Some(r) => r.state.eval_before,
+        None => {
+            let e = evaluate(
+                &rollout.eval_envs,
+                &rollout.eval_make,
+                cfg.train.eval_problems,
+                threshold,
+            )
+            .await;
+            if let Some(e) = e {
+                println!(
+                    "eval before RL: success {:.3}, mean greedy reward {:.3} on {} tasks",
+                    e.success_rate, e.mean_reward, e.tasks
+                );
+            }
+            e
+        }
+    };
+
+    // Metrics: the file (with the resumed checkpoint's records first), the progress bar,
+    // the Prometheus endpoint.
+    let metrics_path = cfg.output_dir.join("metrics.jsonl");
+    let prefix = resumed
+        .as_ref()
+        .map(|r| r.metrics.clone())
+        .unwrap_or_default();
+    let log = MetricsLog::create(&metrics_path, &prefix)?;
+    let done_before = resumed.as_ref().map_or(0, |r| r.state.cursor.steps_done);
+    let progress = Progress::new(cfg.train.steps, done_before, cfg.metrics.progress);
+    let gauges: SharedGauges = Arc::default();
+    let prom_addr = match opts.metrics_addr {
+        Some(a) => Some(a),
+        None => cfg
+            .metrics
+            .prometheus
+            .as_deref()
+            .map(|a| {
+                a.parse::<SocketAddr>()
+                    .map_err(|e| PipelineError::Invalid(format!("metrics.prometheus: {e}")))
+            })
+            .transpose()?,
+    };
+    let prom = match prom_addr {
+        Some(addr) => {
+            let s = PromServer::start(addr, Arc::clone(&gauges), Some(rollout.proxy.handle()))
+                .await
+                .map_err(|source| PipelineError::Prometheus {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            println!("prometheus metrics at http://{}/metrics", s.addr());
+            if let Some(tx) = opts.metrics_bound.take() {
+                let _ = tx.send(s.addr());
+            }
+            Some(s)
+        }
+        None => None,
+    };
+
+    // The learner, with the optimizer's moments and schedule position when resuming.
     let mut buffer = cfg.buffer.clone();
     if cfg.controller.sync {
         buffer.alpha = 0.0;
         buffer.barrier = true;
     }
-    let learner = PolicyLearner::new(
+    let opt_cfg = OptimizerConfig {
+        lr: cfg.train.lr,
+        weight_decay: cfg.train.weight_decay,
+        max_grad_norm: Some(cfg.train.max_grad_norm),
+        warmup_steps: cfg.train.lr_warmup_steps,
+        total_steps: 0,
+        ..Default::default()
+    };
+    let mut learner = PolicyLearner::new(
         model,
         LearnerConfig {
-            optimizer: OptimizerConfig {
-                lr: cfg.train.lr,
-                weight_decay: cfg.train.weight_decay,
-                max_grad_norm: Some(cfg.train.max_grad_norm),
-                warmup_steps: cfg.train.lr_warmup_steps,
-                total_steps: 0,
-                ..Default::default()
-            },
+            optimizer: opt_cfg.clone(),
             loss: cfg.train.loss.clone(),
             advantage: cfg.train.advantage,
             temperature: cfg.rollout.temperature,
             threads: cfg.train.threads,
         },
     )?;
-    let ctl = AsyncController::new(
+    if let Some(r) = &resumed {
+        learner.set_optimizer(r.optimizer(opt_cfg)?);
+    }
+    let mut ctl = AsyncController::new(
         ControllerConfig {
             buffer,
             redundancy: cfg.rollout.group_size_redundancy,
@@ -251,43 +503,163 @@ pub async fn run(cfg: TrainConfig) -> Result<TrainSummary, PipelineError> {
             pause_mode: cfg.controller.pause_mode,
             seed: cfg.seed.wrapping_mul(1_000_003),
         },
-        proxy.handle(),
-        envs,
-        make,
-        vtx,
+        rollout.proxy.handle(),
+        rollout.envs.clone(),
+        Arc::clone(&rollout.make),
+        rollout.version.clone(),
         learner,
-    )?;
-    let (report, learner) = ctl.run_returning_learner().await?;
+    )?
+    .with_success_threshold(threshold);
+    if let Some(r) = &resumed {
+        ctl = ctl.resume_from(ResumeFrom {
+            cursor: r.state.cursor,
+            accounting: r.state.accounting,
+        });
+    }
+    let checkpointer = (cfg.checkpoint.every > 0).then(|| {
+        Checkpointer::new(
+            ckpt_root.clone(),
+            cfg.checkpoint.keep,
+            policy.model_cfg.clone(),
+            Arc::clone(&policy.tokenizer),
+        )
+    });
+    let mut sink = RunSink {
+        log,
+        progress,
+        gauges,
+        checkpointer,
+        every: cfg.checkpoint.every,
+        seed: cfg.seed,
+        elapsed_before: resumed.as_ref().map_or(0.0, |r| r.state.elapsed_s),
+        eval_before,
+    };
+    let outcome = ctl.run_with_sink(&mut sink).await;
+    sink.progress.finish();
+    let (report, learner) = match outcome {
+        Ok(x) => x,
+        Err(e) => {
+            if let Some(p) = prom {
+                p.shutdown().await;
+            }
+            let _ = rollout.proxy.shutdown().await;
+            return Err(e.into());
+        }
+    };
 
-    let eval_after = evaluate(&eval_envs, &eval_make, cfg.train.eval_problems).await;
-    proxy.shutdown().await?;
+    let eval_after = evaluate(
+        &rollout.eval_envs,
+        &rollout.eval_make,
+        cfg.train.eval_problems,
+        threshold,
+    )
+    .await;
+    if let Some(p) = prom {
+        p.shutdown().await;
+    }
+    rollout.proxy.shutdown().await?;
 
-    write_metrics(&cfg.output_dir.join("metrics.jsonl"), &report)?;
-    let checkpoint = cfg.output_dir.join("final");
-    if let Some(l) = learner {
+    let final_dir = cfg.output_dir.join("final");
+    if let Some(l) = &learner {
         rollflash_model::hf::save_dir(
-            &checkpoint,
-            &model_cfg,
+            &final_dir,
+            &policy.model_cfg,
             &l.model().weights(),
-            Some(&tokenizer),
+            Some(&policy.tokenizer),
         )?;
     }
+    crate::report::write_summary(
+        &cfg.output_dir,
+        &RunSummary {
+            env: cfg.env.name().to_string(),
+            alpha: if cfg.controller.sync {
+                0.0
+            } else {
+                cfg.buffer.alpha
+            },
+            sync: cfg.controller.sync,
+            steps: report.cursor.steps_done,
+            eval_before,
+            eval_after,
+            accounting: report.accounting,
+            wall_s: report.wall.as_secs_f64(),
+            samples_per_s: report.samples_per_sec(),
+            tokens_per_s: report.tokens_per_sec(),
+            staleness: report.staleness.clone(),
+        },
+    )?;
+    let report_path = if cfg.metrics.report {
+        Some(crate::report::write(&cfg.output_dir)?)
+    } else {
+        None
+    };
     Ok(TrainSummary {
         eval_before,
         eval_after,
         report,
-        checkpoint,
+        checkpoint: final_dir,
+        resumed_from: resumed.map(|r| r.dir),
+        report_path,
     })
 }
 
-fn plain() -> Renderer {
-    Renderer::Plain {
-        separator: "\n".into(),
+/// What the run does with each published step: append it to `metrics.jsonl`, move the
+/// progress bar, update the Prometheus gauges, and write a checkpoint every `every` steps.
+struct RunSink {
+    log: MetricsLog,
+    progress: Progress,
+    gauges: SharedGauges,
+    checkpointer: Option<Checkpointer>,
+    every: usize,
+    seed: u64,
+    /// Wall time of earlier processes of this run (resumes).
+    elapsed_before: f64,
+    eval_before: Option<EvalResult>,
+}
+
+impl StepSink<PolicyLearner> for RunSink {
+    fn on_step(
+        &mut self,
+        record: &StepRecord,
+        learner: &PolicyLearner,
+        cursor: Cursor,
+    ) -> Result<(), SinkError> {
+        self.log
+            .append(&crate::metrics::step_json(record, self.elapsed_before))
+            .map_err(|e| SinkError::new("metrics", e))?;
+        self.progress.step(record);
+        if let Ok(mut g) = self.gauges.lock() {
+            g.update(record);
+        }
+        if let Some(c) = &self.checkpointer {
+            if self.every > 0 && cursor.steps_done.is_multiple_of(self.every) {
+                let state = checkpoint::state(
+                    cursor,
+                    record.accounting,
+                    learner.optimizer().steps_taken(),
+                    self.seed,
+                    self.elapsed_before + record.elapsed.as_secs_f64(),
+                    self.eval_before,
+                );
+                let dir = c
+                    .save(learner, &state, self.log.path())
+                    .map_err(|e| SinkError::new("checkpoint", e))?;
+                tracing::info!(path = %dir.display(), "checkpoint");
+            }
+        }
+        Ok(())
     }
 }
 
-/// Mean greedy reward over `n` held-out tasks, each a one-trajectory group.
-async fn evaluate(envs: &EnvManager, make: &EnvFactory, n: usize) -> Option<f64> {
+/// Greedy evaluation over `n` held-out tasks (episode seeds far from training's), each a
+/// one-trajectory group; `None` when `n` is 0. A task whose environment cannot be built
+/// or whose trajectory fails scores 0.
+pub async fn evaluate(
+    envs: &EnvManager,
+    make: &EnvFactory,
+    n: usize,
+    success_threshold: f64,
+) -> Option<EvalResult> {
     if n == 0 {
         return None;
     }
@@ -306,43 +678,44 @@ async fn evaluate(envs: &EnvManager, make: &EnvFactory, n: usize) -> Option<f64>
             t.reward
         });
     }
-    let mut sum = 0.0;
+    let (mut sum, mut ok) = (0.0, 0usize);
     while let Some(r) = tasks.join_next().await {
-        sum += r.unwrap_or(0.0);
+        let r = r.unwrap_or(0.0);
+        sum += r;
+        ok += usize::from(r >= success_threshold);
     }
-    Some(sum / n as f64)
+    Some(EvalResult {
+        tasks: n,
+        mean_reward: sum / n as f64,
+        success_rate: ok as f64 / n as f64,
+    })
 }
 
-fn write_metrics(path: &Path, report: &RunReport) -> Result<(), PipelineError> {
-    let io = |source| PipelineError::Io {
-        what: "cannot write metrics",
-        path: path.to_path_buf(),
-        source,
+/// Greedy held-out evaluation of the checkpoint in `dir` (a `final/` or `step-N/`
+/// directory, or any Hugging Face directory of the configured model's family) on the task
+/// `cfg` describes, over `problems` tasks.
+pub async fn evaluate_checkpoint(
+    cfg: &TrainConfig,
+    dir: &Path,
+    problems: usize,
+) -> Result<EvalResult, PipelineError> {
+    let device = Device::Cpu;
+    let (tokenizer, renderer) = tokenizer_and_renderer(cfg)?;
+    let policy = Policy {
+        model_cfg: rollflash_model::hf::load_config(dir)?,
+        weights: rollflash_model::hf::load_weights(dir, &device)?,
+        tokenizer: Arc::new(tokenizer),
+        renderer,
     };
-    let mut f = std::fs::File::create(path).map_err(io)?;
-    for s in &report.steps {
-        let mut m = serde_json::json!({
-            "step": s.step,
-            "version": s.version.0,
-            "samples": s.samples,
-            "tokens": s.tokens,
-            "reward": s.mean_reward,
-            "staleness": s.staleness,
-            "loss": s.stats.loss,
-            "wall_s": s.wall.as_secs_f64(),
-            "train_s": s.train.as_secs_f64(),
-            "wait_s": s.wait.as_secs_f64(),
-            "sync_s": s.sync.total().as_secs_f64(),
-            "trained": s.accounting.trained,
-            "filtered": s.accounting.filtered,
-            "dropped_stale": s.accounting.dropped_stale,
-            "aborted": s.accounting.aborted,
-            "failed": s.accounting.failed,
-        });
-        for (k, v) in &s.stats.metrics {
-            m[k] = serde_json::json!(v);
-        }
-        writeln!(f, "{m}").map_err(io)?;
-    }
-    Ok(())
+    let model = TrainableModel::new(&policy.model_cfg, &policy.weights, DType::F32, &device)?;
+    let rollout = start_rollout(cfg, &policy, &model, PolicyVersion(0))?;
+    let out = evaluate(
+        &rollout.eval_envs,
+        &rollout.eval_make,
+        problems.max(1),
+        success_threshold(&cfg.env.env),
+    )
+    .await;
+    rollout.proxy.shutdown().await?;
+    out.ok_or_else(|| PipelineError::Invalid("no problems to evaluate".into()))
 }

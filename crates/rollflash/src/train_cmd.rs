@@ -1,15 +1,19 @@
 //! `rollflash train`: asynchronous RL post-training from a TOML config (or the built-in
-//! default), with `--set key=value` overrides and `--dry-run`.
+//! default), with `--set key=value` overrides, `--dry-run`, `--resume` and
+//! `--metrics-addr`.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use rollflash::config::TrainConfig;
+use rollflash::pipeline::{Resume, RunOptions};
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
     /// A TOML config; the built-in default (tiny model, arithmetic RLVR, α = 1) when absent.
+    /// `configs/frozenlake.toml` is the multi-turn agentic one.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Override one field, e.g. `--set buffer.alpha=2 --set train.steps=50`.
@@ -18,6 +22,14 @@ pub struct TrainArgs {
     /// Print the resolved config and exit.
     #[arg(long)]
     dry_run: bool,
+    /// Continue from a checkpoint: the newest under `output_dir/checkpoints` when no
+    /// directory is given (write them with `--set checkpoint.every=K`). Same config as the
+    /// interrupted run; `train.steps` is the total, counting the steps already done.
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "")]
+    resume: Option<PathBuf>,
+    /// Serve Prometheus metrics here during the run (overrides `metrics.prometheus`).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<SocketAddr>,
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
@@ -40,22 +52,34 @@ pub fn run(a: TrainArgs) -> Result<()> {
         cfg.rollout.engine_threads,
         cfg.train.threads
     );
+    let opts = RunOptions {
+        resume: a.resume.map(|d| {
+            if d.as_os_str().is_empty() {
+                Resume::Latest
+            } else {
+                Resume::Dir(d)
+            }
+        }),
+        metrics_addr: a.metrics_addr,
+        metrics_bound: None,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let summary = rt.block_on(rollflash::pipeline::run(cfg))?;
+    let summary = rt.block_on(rollflash::pipeline::run_with(cfg, opts))?;
     let r = &summary.report;
     println!(
-        "{:>4} {:>8} {:>8} {:>9} {:>8} {:>7} {:>7}",
-        "step", "reward", "stale", "loss", "wall s", "train s", "wait s"
+        "{:>4} {:>8} {:>6} {:>6} {:>9} {:>8} {:>7} {:>7}",
+        "step", "reward", "acc", "stale", "loss", "wall s", "train s", "wait s"
     );
     for s in &r.steps {
         println!(
-            "{:>4} {:>8.3} {:>8.2} {:>9.4} {:>8.2} {:>7.2} {:>7.2}",
+            "{:>4} {:>8.3} {:>6.3} {:>6.2} {:>9.4} {:>8.2} {:>7.2} {:>7.2}",
             s.step,
             s.mean_reward,
+            s.accuracy,
             s.staleness,
             s.stats.loss,
             s.wall.as_secs_f64(),
@@ -68,15 +92,22 @@ pub fn run(a: TrainArgs) -> Result<()> {
         "samples: started {} = trained {} + filtered {} + dropped-stale {} + aborted {} + failed {} (+ running {} + buffered {})",
         a.started, a.trained, a.filtered, a.dropped_stale, a.aborted, a.failed, a.running, a.buffered
     );
+    let max_stale = r.steps.iter().map(|s| s.staleness_max).max().unwrap_or(0);
     println!(
-        "throughput: {:.2} trained samples/s, {:.0} trained tokens/s over {:.1} s",
+        "throughput: {:.2} trained samples/s, {:.0} trained tokens/s over {:.1} s; max staleness {max_stale}",
         r.samples_per_sec(),
         r.tokens_per_sec(),
         r.wall.as_secs_f64()
     );
     if let (Some(b), Some(af)) = (summary.eval_before, summary.eval_after) {
-        println!("greedy eval reward: {b:.3} before RL → {af:.3} after");
+        println!(
+            "greedy eval on {} held-out tasks: success {:.3} before RL → {:.3} after (mean reward {:.3} → {:.3})",
+            af.tasks, b.success_rate, af.success_rate, b.mean_reward, af.mean_reward
+        );
     }
     println!("checkpoint: {}", summary.checkpoint.display());
+    if let Some(p) = &summary.report_path {
+        println!("report: {}", p.display());
+    }
     Ok(())
 }

@@ -8,4 +8,5 @@ mod config;
 mod controller;
 mod env_serve;
 mod learner;
+mod resume;
 mod serve;

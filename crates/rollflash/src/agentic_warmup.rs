@@ -1,0 +1,171 @@
+//! The supervised warm-up of the agentic (FrozenLake) task: whole multi-turn episodes
+//! played by the optimal policy (a breadth-first shortest path to the goal around the
+//! holes), rendered token for token the way the `EnvManager`'s plain renderer renders a
+//! real episode, and trained with next-token loss on the moves only. The built-in model
+//! starts from random weights; without this it never produces a move word and RL has no
+//! signal.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use rollflash_env::envs::frozen_lake::{Lake, Tile};
+use rollflash_env::envs::{Direction, FrozenLake, FrozenLakeConfig};
+use rollflash_env::Env;
+use rollflash_model::tokenizer::Tokenizer;
+use rollflash_model::train::{
+    token_stats, AdamW, GradAccumulator, OptimizerConfig, TrainableModel,
+};
+
+use crate::config::TrainConfig;
+use crate::pipeline::PipelineError;
+
+/// The first move of a shortest path from `state` to the goal that avoids holes, if one
+/// exists (ties broken in Gymnasium's action order, so the demonstrations are consistent).
+pub fn optimal_move(lake: &Lake, state: usize) -> Option<Direction> {
+    let n = lake.num_states();
+    // Breadth-first search backwards would need the inverse of `moved`; forwards from
+    // each first move is as cheap on a 16-cell lake.
+    let dist_to_goal = |from: usize| -> Option<usize> {
+        let mut seen = vec![false; n];
+        let mut q = VecDeque::from([(from, 0usize)]);
+        seen[from] = true;
+        while let Some((s, d)) = q.pop_front() {
+            match lake.tile(s) {
+                Some(Tile::Goal) => return Some(d),
+                Some(Tile::Hole) | None => continue,
+                _ => {}
+            }
+            for dir in Direction::ALL {
+                let t = lake.moved(s, dir);
+                if !seen[t] {
+                    seen[t] = true;
+                    q.push_back((t, d + 1));
+                }
+            }
+        }
+        None
+    };
+    Direction::ALL
+        .into_iter()
+        .filter(|&d| lake.moved(state, d) != state)
+        .filter_map(|d| dist_to_goal(lake.moved(state, d)).map(|k| (k, d)))
+        .min_by_key(|(k, d)| (*k, d.index()))
+        .map(|(_, d)| d)
+}
+
+/// One demonstration: the tokens of an optimal episode from `seed` and its loss mask (1 on
+/// the model's moves and their end-of-sequence tokens), cut at `max_total_tokens`.
+pub async fn demonstration(
+    lake_cfg: &FrozenLakeConfig,
+    tok: &Tokenizer,
+    seed: u64,
+    max_turns: usize,
+    max_total_tokens: usize,
+) -> Result<(Vec<u32>, Vec<f32>), PipelineError> {
+    let eos = tok
+        .eos_token_id()
+        .ok_or_else(|| PipelineError::Invalid("tokenizer has no eos token".into()))?;
+    let mut env = FrozenLake::new(lake_cfg.clone())?;
+    let reset = env.reset(seed).await?;
+    let mut ids: Vec<u32> = tok.bos_token_id().into_iter().collect();
+    ids.extend(tok.encode(&reset.observation, false)?);
+    let mut mask = vec![0f32; ids.len()];
+    for _ in 0..max_turns {
+        let Some((lake, state)) = env.position() else {
+            break;
+        };
+        let Some(mv) = optimal_move(lake, state) else {
+            break;
+        };
+        let action = tok.encode(mv.word(), false)?;
+        if ids.len() + action.len() + 1 > max_total_tokens {
+            break;
+        }
+        ids.extend(&action);
+        ids.push(eos);
+        mask.extend(std::iter::repeat_n(1.0, action.len() + 1));
+        let step = env.step(mv.word()).await?;
+        if step.terminated || step.truncated {
+            break;
+        }
+        // The plain renderer after a turn that stopped: observation, then the separator.
+        let obs = tok.encode(&format!("{}\n", step.observation), false)?;
+        if ids.len() + obs.len() >= max_total_tokens {
+            break;
+        }
+        mask.extend(std::iter::repeat_n(0.0, obs.len()));
+        ids.extend(obs);
+    }
+    Ok((ids, mask))
+}
+
+/// Seeds of warm-up episodes: far from both the training seeds and evaluation's.
+const WARMUP_SEED_BASE: u64 = 1 << 44;
+
+/// Trains `model` on `cfg.warmup.steps` batches of `cfg.warmup.batch_size` optimal
+/// episodes.
+pub async fn run(
+    model: &TrainableModel,
+    tok: &Tokenizer,
+    lake_cfg: &FrozenLakeConfig,
+    cfg: &TrainConfig,
+) -> Result<(), PipelineError> {
+    let w = &cfg.warmup;
+    let device = Device::Cpu;
+    let mut opt = AdamW::new(OptimizerConfig {
+        lr: w.lr,
+        warmup_steps: w.steps / 20,
+        total_steps: w.steps,
+        ..Default::default()
+    });
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(cfg.train.threads.max(1) + cfg.rollout.engine_threads * cfg.rollout.engines)
+        .build()
+        .map_err(|e| PipelineError::Invalid(format!("thread pool: {e}")))?;
+    let started = Instant::now();
+    println!(
+        "warm-up: {} supervised steps of {} optimal FrozenLake episodes",
+        w.steps, w.batch_size
+    );
+    for step in 0..w.steps {
+        let mut seqs = Vec::with_capacity(w.batch_size);
+        let mut mask = Vec::new();
+        for i in 0..w.batch_size {
+            let seed = WARMUP_SEED_BASE
+                .wrapping_add(cfg.seed.wrapping_mul(1 << 32))
+                .wrapping_add((step * w.batch_size + i) as u64);
+            let (ids, m) = demonstration(
+                lake_cfg,
+                tok,
+                seed,
+                cfg.rollout.max_turns,
+                cfg.rollout.max_total_tokens,
+            )
+            .await?;
+            mask.extend(m);
+            seqs.push(ids);
+        }
+        let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+        let n_loss: f32 = mask.iter().sum::<f32>().max(1.0);
+        let loss = tokio::task::block_in_place(|| {
+            pool.install(|| -> Result<f32, PipelineError> {
+                let s = token_stats(model.model(), &refs, 1.0, false)?;
+                let m = Tensor::from_vec(mask.clone(), s.logprobs.dims1()?, &device)?;
+                let loss = ((s.logprobs * m)?.sum_all()?.neg()? / f64::from(n_loss))?;
+                let grads = loss.backward()?;
+                let mut acc = GradAccumulator::default();
+                acc.add(model, &grads)?;
+                opt.step(model, &acc)?;
+                Ok(loss.to_scalar::<f32>()?)
+            })
+        })?;
+        if step % 50 == 0 || step + 1 == w.steps {
+            println!(
+                "warm-up step {step:>4}  loss {loss:.4}  {:.0}s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! `rollflash eval`: held-out greedy accuracy (or success rate) of a checkpoint on the task
+//! a train config describes; and `rollflash report`, which rebuilds a run's report.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use rollflash::config::TrainConfig;
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// The checkpoint: a run's `final/` or `checkpoints/step-N/`, or any Hugging Face
+    /// directory of the configured model's family.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The train config whose task (and rendering) to evaluate on; the built-in default
+    /// when absent.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override one field, e.g. `--set env.max_terms=4`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Held-out tasks (default: the config's `train.eval_problems`).
+    #[arg(long)]
+    problems: Option<usize>,
+}
+
+pub fn run(a: EvalArgs) -> Result<()> {
+    let cfg = TrainConfig::load(a.config.as_deref(), &a.sets)?;
+    let n = a.problems.unwrap_or(cfg.train.eval_problems).max(1);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let r = rt.block_on(rollflash::pipeline::evaluate_checkpoint(
+        &cfg,
+        &a.checkpoint,
+        n,
+    ))?;
+    println!(
+        "eval {} on `{}`: success rate {:.3} ({} of {} tasks), mean reward {:.3}",
+        a.checkpoint.display(),
+        cfg.env.name(),
+        r.success_rate,
+        (r.success_rate * r.tasks as f64).round() as usize,
+        r.tasks,
+        r.mean_reward
+    );
+    Ok(())
+}
+
+/// `rollflash report DIR`.
+pub fn report(dir: PathBuf) -> Result<()> {
+    let path = rollflash::report::write(&dir)?;
+    println!("wrote {}", path.display());
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! Per-step metrics: the `[metrics]` config section, the JSON record of one step, and
+//! `metrics.jsonl`, appended and flushed as each step is published so a killed run keeps
+//! everything up to its last step.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::config::ConfigError;
+use crate::controller::StepRecord;
+
+/// Observability of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Serve Prometheus metrics at this address during the run (e.g. `127.0.0.1:9400`);
+    /// absent means no endpoint. Loopback unless you mean to expose it.
+    pub prometheus: Option<String>,
+    /// Show a progress bar (only ever when stdout is a terminal).
+    pub progress: bool,
+    /// Write `report/` (plots and `report.md`) at the end of the run.
+    pub report: bool,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        MetricsSection {
+            prometheus: None,
+            progress: true,
+            report: true,
+        }
+    }
+}
+
+impl MetricsSection {
+    /// Checks the address parses; the error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(a) = &self.prometheus {
+            a.parse::<std::net::SocketAddr>()
+                .map_err(|e| ConfigError::Field {
+                    field: "metrics.prometheus".into(),
+                    reason: format!("`{a}` is not an address like 127.0.0.1:9400 ({e})"),
+                })?;
+        }
+        Ok(())
+    }
+}
+
+/// `metrics.jsonl` could not be written or read.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} {path}: {source}")]
+pub struct MetricsError {
+    pub what: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// One step as a JSON object. `elapsed_offset_s` is the wall time of earlier processes of
+/// the same run (a resumed run continues the time axis).
+///
+/// Fields: `step`, `version` (trained from), `samples`, `tokens`, `reward` (mean),
+/// `accuracy` (fraction at or above the task's success threshold), `loss` and the learner's
+/// named metrics (`approx_kl`, `clip_frac`, …), `entropy` (the learner's when its entropy
+/// bonus is on, else the sampled estimate −mean log π_behav), `staleness` (mean),
+/// `staleness_max`, `staleness_hist` (`{"0": n, "1": m}`), `samples_per_s` and
+/// `tokens_per_s` (over this step's wall time), `rollout_idle` and `trainer_idle` (fractions
+/// of the step's wall time), `weight_sync_ms`, `wall_s`, `train_s`, `wait_s`, `elapsed_s`,
+/// and the cumulative sample accounting (`started`, `trained`, `filtered`, `dropped_stale`,
+/// `aborted`, `failed`, `running`, `buffered`).
+pub fn step_json(s: &StepRecord, elapsed_offset_s: f64) -> Value {
+    let wall = s.wall.as_secs_f64().max(1e-9);
+    let hist: serde_json::Map<String, Value> = s
+        .staleness_hist
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    let a = s.accounting;
+    let mut m = json!({
+        "step": s.step,
+        "version": s.version.0,
+        "samples": s.samples,
+        "tokens": s.tokens,
+        "reward": s.mean_reward,
+        "accuracy": s.accuracy,
+        "loss": s.stats.loss,
+        "entropy": s.sampled_entropy,
+        "staleness": s.staleness,
+        "staleness_max": s.staleness_max,
+        "staleness_hist": hist,
+        "samples_per_s": s.samples as f64 / wall,
+        "tokens_per_s": s.tokens as f64 / wall,
+        "rollout_idle": (s.rollout_idle.as_secs_f64() / wall).min(1.0),
+        "trainer_idle": (1.0 - s.train.as_secs_f64() / wall).clamp(0.0, 1.0),
+        "weight_sync_ms": s.sync.total().as_secs_f64() * 1e3,
+        "wall_s": s.wall.as_secs_f64(),
+        "train_s": s.train.as_secs_f64(),
+        "wait_s": s.wait.as_secs_f64(),
+        "elapsed_s": elapsed_offset_s + s.elapsed.as_secs_f64(),
+        "started": a.started,
+        "trained": a.trained,
+        "filtered": a.filtered,
+        "dropped_stale": a.dropped_stale,
+        "aborted": a.aborted,
+        "failed": a.failed,
+        "running": a.running,
+        "buffered": a.buffered,
+    });
+    for (k, v) in &s.stats.metrics {
+        m[k] = json!(v);
+    }
+    m
+}
+
+/// `metrics.jsonl`, open for appending.
+#[derive(Debug)]
+pub struct MetricsLog {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl MetricsLog {
+    /// Creates (truncates) `path`, then writes `prefix` (the records of a checkpoint being
+    /// resumed) so the file always holds exactly the run's steps.
+    pub fn create(path: &Path, prefix: &[Value]) -> Result<Self, MetricsError> {
+        let err = |source| MetricsError {
+            what: "cannot write metrics",
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::File::create(path).map_err(err)?;
+        let mut log = MetricsLog {
+            path: path.to_path_buf(),
+            file,
+        };
+        for v in prefix {
+            log.append(v)?;
+        }
+        Ok(log)
+    }
+
+    /// Appends one record and flushes it to the OS.
+    pub fn append(&mut self, v: &Value) -> Result<(), MetricsError> {
+        writeln!(self.file, "{v}")
+            .and_then(|()| self.file.flush())
+            .map_err(|source| MetricsError {
+                what: "cannot write metrics",
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Reads `metrics.jsonl` (one JSON object a line; a torn last line of a killed run is
+/// skipped).
+pub fn read(path: &Path) -> Result<Vec<Value>, MetricsError> {
+    let err = |source| MetricsError {
+        what: "cannot read metrics",
+        path: path.to_path_buf(),
+        source,
+    };
+    let f = std::fs::File::open(path).map_err(err)?;
+    let mut out = Vec::new();
+    for line in std::io::BufReader::new(f).lines() {
+        let line = line.map_err(err)?;
+        if let Ok(v) = serde_json::from_str::<Value>(&line) {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
