@@ -7,6 +7,8 @@
 mod config;
 mod controller;
 mod env_serve;
+mod eval;
 mod learner;
+mod prometheus;
 mod resume;
 mod serve;
