@@ -95,7 +95,7 @@ impl PolicyLearner {
         let opt = &mut self.opt;
         let cfg = &self.cfg;
         let device = &self.device;
-        let (stats, opt_stats) = self.pool.install(|| -> Result<_, LearnerError> {
+        let (stats, opt_stats, behav_kl) = self.pool.install(|| -> Result<_, LearnerError> {
             let ts = token_stats(model.model(), &seqs, cfg.temperature, false).map_err(err)?;
             let offsets = &ts.offsets[..ts.offsets.len() - 1];
             let adv = compute_advantages(
@@ -127,11 +127,25 @@ impl PolicyLearner {
             inputs.entropy = Some(&ts.entropy);
             inputs.seq_scores = Some(&rewards);
             let out = policy_loss(&inputs, &cfg.loss).map_err(err)?;
+            // Train–inference mismatch: the mean of `behav − proximal` over response tokens
+            // estimates KL(π_behav‖π_proximal); at staleness 0 it is pure numerics (≈0).
+            let proximal = old
+                .to_dtype(candle_core::DType::F64)
+                .and_then(|t| t.to_vec1::<f64>())
+                .map_err(err)?;
+            let (mut gap, mut n_tok) = (0.0, 0usize);
+            for ((&m, &b), &p) in mask.iter().zip(&behav).zip(&proximal) {
+                if m {
+                    gap += f64::from(b) - p;
+                    n_tok += 1;
+                }
+            }
+            let behav_kl = gap / n_tok.max(1) as f64;
             let grads = out.loss.backward().map_err(err)?;
             let mut acc = GradAccumulator::default();
             acc.add(model, &grads).map_err(err)?;
             let st = opt.step(model, &acc).map_err(err)?;
-            Ok((out.metrics, st))
+            Ok((out.metrics, st, behav_kl))
         })?;
         let new = Arc::new(self.model.snapshot().map_err(err)?);
         let version = PolicyVersion(batch.version.0 + 1);
@@ -140,6 +154,8 @@ impl PolicyLearner {
             ("approx_kl".to_string(), stats.approx_kl),
             ("clip_frac".to_string(), stats.clip_frac),
             ("ratio_mean".to_string(), stats.ratio_mean),
+            ("behav_kl".to_string(), behav_kl),
+            ("behav_cap_frac".to_string(), stats.decoupled_cap_frac),
             ("grad_norm".to_string(), opt_stats.grad_norm),
             ("lr".to_string(), opt_stats.lr),
         ];
