@@ -8,6 +8,7 @@ mod config;
 mod controller;
 mod env_serve;
 mod eval;
+mod faults;
 mod learner;
 mod prometheus;
 mod resume;
