@@ -72,6 +72,35 @@ pub struct ClusterConfig {
     pub routing: String,
     /// Data-parallel training workers; a step's token work is split over them.
     pub train_workers: usize,
+    /// Slow-downs while generation and training run at the same time on shared hardware.
+    pub contention: Contention,
+}
+
+/// How much generation and training slow each other down when they share hardware (one
+/// machine's CPU cores, memory bandwidth and caches): while both run, engine steps take
+/// `gen` times and training `train` times as long. 1 and 1 for separate GPUs;
+/// `rollflash sim validate` measures both on this machine by running the two together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Contention {
+    pub gen: f64,
+    pub train: f64,
+}
+
+impl Default for Contention {
+    fn default() -> Self {
+        Contention {
+            gen: 1.0,
+            train: 1.0,
+        }
+    }
+}
+
+impl Contention {
+    /// Whether the two slow each other down at all.
+    pub fn is_active(&self) -> bool {
+        self.gen != 1.0 || self.train != 1.0
+    }
 }
 
 impl Default for ClusterConfig {
@@ -82,6 +111,7 @@ impl Default for ClusterConfig {
             batching: Batching::Continuous,
             routing: "least_loaded".into(),
             train_workers: 1,
+            contention: Contention::default(),
         }
     }
 }
@@ -326,6 +356,14 @@ impl SimConfig {
                     c.routing
                 ),
             ));
+        }
+        for (field, v) in [
+            ("cluster.contention.gen", c.contention.gen),
+            ("cluster.contention.train", c.contention.train),
+        ] {
+            if !(v > 0.0) || !v.is_finite() {
+                return Err(invalid(field, format!("must be finite and > 0, got {v}")));
+            }
         }
         let i = &self.inference;
         non_negative("inference.step_s", i.step_s)?;

@@ -89,5 +89,6 @@ pub fn cluster(rollout_gpus: usize, train_gpus: usize) -> ClusterConfig {
         batching: Batching::Continuous,
         routing: "least_loaded".into(),
         train_workers: train_gpus.max(1),
+        contention: Default::default(),
     }
 }

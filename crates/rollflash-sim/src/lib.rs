@@ -15,7 +15,8 @@ pub mod table;
 mod worker;
 
 pub use config::{
-    Batching, ClusterConfig, InferenceCost, SchedConfig, SimConfig, SyncCost, TrainCost, Workload,
+    Batching, ClusterConfig, Contention, InferenceCost, SchedConfig, SimConfig, SyncCost,
+    TrainCost, Workload,
 };
 pub use dist::{LatencyDist, LengthDist};
 pub use error::SimError;

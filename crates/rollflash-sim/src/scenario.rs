@@ -208,6 +208,17 @@ pub fn alpha_sweep(
         &sync,
         base,
     ));
+    // The synchronous run without lock step: how much of the gain is queue scheduling and
+    // environment-level asynchrony alone, before any α.
+    let mut unlocked = gpu_config(workload.clone(), gpus, groups, None, 0.0, steps);
+    unlocked.sched.lockstep = false;
+    let u = simulate(&unlocked)?;
+    t.rows.push(row(
+        "sync, no lock step".into(),
+        format!("{gpus} / {gpus} (colocated)"),
+        &u,
+        base,
+    ));
     let mut points = vec![(0.0, 1.0)];
     for &alpha in alphas {
         let make = |tr: usize| gpu_config(workload.clone(), gpus, groups, Some(tr), alpha, steps);
@@ -222,9 +233,11 @@ pub fn alpha_sweep(
     }
     t.note = format!(
         "Simulated {steps} steps each; samples/s over the whole run. The synchronous \
-         baseline generates on all {gpus} GPUs, then trains on all {gpus}; asynchronous runs \
-         split the same {gpus} GPUs (best of six splits shown). GPU costs: `gpu.rs` \
-         (H800, 7 B model)."
+         baseline generates on all {gpus} GPUs, then trains on all {gpus}, its rollout in \
+         lock step (all generate, then all step their environment or verifier); \
+         \"no lock step\" is the same synchronous run with queue scheduling and \
+         environment-level asynchrony. Asynchronous runs split the same {gpus} GPUs (best of \
+         six splits shown). GPU costs: `gpu.rs` (H800, 7 B model)."
     );
     t.plots.push(Plot {
         name: name.to_string(),

@@ -53,7 +53,9 @@ enum Ev {
         traj: u64,
         turn: Option<u32>,
     },
-    TrainDone,
+    TrainDone {
+        epoch: u64,
+    },
     SyncDone,
 }
 
@@ -154,6 +156,11 @@ struct Training {
     staleness: f64,
     staleness_max: u64,
     version: PolicyVersion,
+    /// Seconds of training left at full speed, as of `updated`.
+    work_left: f64,
+    updated: f64,
+    /// Progress per second now (below 1 while generation shares the hardware).
+    rate: f64,
 }
 
 /// The simulation state. Build with [`simulate`].
@@ -190,6 +197,10 @@ struct Sim<'a> {
     train_busy_s: f64,
     train_spans: Vec<(f64, f64)>,
     gen_spans: Vec<(f64, f64)>,
+    /// Invalidates `TrainDone` events rescheduled after a change of speed.
+    train_epoch: u64,
+    /// Whether any worker was stepping after the last event (for contention).
+    gen_busy: bool,
 }
 
 /// Runs one simulation. Deterministic: the same config gives the same report.
@@ -239,6 +250,8 @@ pub fn simulate(cfg: &SimConfig) -> Result<SimReport, SimError> {
         train_busy_s: 0.0,
         train_spans: Vec::new(),
         gen_spans: Vec::new(),
+        train_epoch: 0,
+        gen_busy: false,
     };
     sim.run()?;
     Ok(sim.report())
@@ -289,10 +302,17 @@ impl Sim<'_> {
             match q.ev {
                 Ev::Boundary { worker, epoch } => self.on_boundary(worker, epoch),
                 Ev::Env { traj, turn } => self.on_env(traj, turn),
-                Ev::TrainDone => self.on_train_done(),
+                Ev::TrainDone { epoch } => {
+                    if epoch == self.train_epoch {
+                        self.on_train_done();
+                    }
+                }
                 Ev::SyncDone => self.on_sync_done(),
             }
             self.drain();
+            if self.cfg.cluster.contention.is_active() {
+                self.contend();
+            }
         }
         self.shutdown();
         Ok(())
@@ -357,6 +377,10 @@ impl Sim<'_> {
                         .cfg
                         .training
                         .step_time(seq_tokens, self.cfg.cluster.train_workers);
+                    let rate = self.train_rate();
+                    self.train_epoch += 1;
+                    let epoch = self.train_epoch;
+                    self.at(self.now + dt / rate, Ev::TrainDone { epoch });
                     self.training = Some(Training {
                         start: self.now,
                         waited,
@@ -367,8 +391,11 @@ impl Sim<'_> {
                         staleness: batch.mean_staleness(),
                         staleness_max,
                         version: batch.version,
+                        work_left: dt,
+                        updated: self.now,
+                        rate,
                     });
-                    self.at(self.now + dt, Ev::TrainDone);
+                    self.rescale_workers();
                 }
             }
             // One finished group, then admission again (the real loop's `select!`).
@@ -385,6 +412,7 @@ impl Sim<'_> {
         };
         self.train_busy_s += self.now - t.start;
         self.train_spans.push((t.start, self.now));
+        self.rescale_workers();
         // sync_weights: pause (in the configured mode) → update every worker → resume.
         let mode = self.cfg.sched.pause_mode;
         self.syncing = Some((t, self.now));
@@ -394,6 +422,49 @@ impl Sim<'_> {
             let w = self.workers[i].pause(self.now, mode, &self.cfg.inference);
             self.wake(i, w);
         }
+    }
+
+    /// Training progress per second now.
+    fn train_rate(&self) -> f64 {
+        if self.gen_busy {
+            1.0 / self.cfg.cluster.contention.train
+        } else {
+            1.0
+        }
+    }
+
+    /// Engine steps planned from now on run this much slower while training runs.
+    fn rescale_workers(&mut self) {
+        let c = &self.cfg.cluster.contention;
+        if !c.is_active() {
+            return;
+        }
+        let scale = if self.training.is_some() { c.gen } else { 1.0 };
+        for i in 0..self.workers.len() {
+            let w = self.workers[i].rescale(self.now, scale, &self.cfg.inference);
+            self.wake(i, w);
+        }
+    }
+
+    /// Generation started or stopped: the training step in progress changes speed.
+    fn contend(&mut self) {
+        let busy = self.workers.iter().any(Worker::is_busy);
+        if busy == self.gen_busy {
+            return;
+        }
+        self.gen_busy = busy;
+        let rate = self.train_rate();
+        let now = self.now;
+        let Some(t) = self.training.as_mut() else {
+            return;
+        };
+        t.work_left = (t.work_left - (now - t.updated) * t.rate).max(0.0);
+        t.updated = now;
+        t.rate = rate;
+        let at = now + t.work_left / rate;
+        self.train_epoch += 1;
+        let epoch = self.train_epoch;
+        self.at(at, Ev::TrainDone { epoch });
     }
 
     fn worker_paused(&mut self) {
@@ -409,13 +480,21 @@ impl Sim<'_> {
         let Some((t, sync_start)) = self.syncing.take() else {
             return;
         };
-        // The backends resume first; the scheduler dispatches once they generate again.
+        let version = t.version.next();
+        // Every worker loaded the new weights (the real proxy hears it from each update
+        // before the resume), then the backends resume and the scheduler dispatches once
+        // they generate again.
+        for i in 0..self.workers.len() {
+            self.proxy(ProxyEvent::WeightsLoaded {
+                backend: BackendId(i),
+                version,
+            });
+        }
         for i in 0..self.workers.len() {
             let w = self.workers[i].resume(self.now, &self.cfg.inference);
             self.wake(i, w);
         }
         self.proxy(ProxyEvent::Resume);
-        let version = t.version.next();
         self.buffer.publish(version);
         self.steps.push(StepRecord {
             step: self.steps.len(),

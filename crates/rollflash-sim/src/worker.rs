@@ -56,6 +56,8 @@ struct Segment {
     batch: u64,
     context: u64,
     prefill: u64,
+    /// Slow-down of every step (CPU shared with a running trainer; 1 on separate GPUs).
+    scale: f64,
 }
 
 impl Segment {
@@ -63,9 +65,10 @@ impl Segment {
     fn end_of(&self, k: u64, cost: &InferenceCost) -> f64 {
         let k = k as f64;
         self.t0
-            + cost.prefill_token_s * self.prefill as f64
-            + k * cost.step_time(self.batch, self.context, 0)
-            + cost.context_token_s * self.batch as f64 * k * (k - 1.0) / 2.0
+            + self.scale
+                * (cost.prefill_token_s * self.prefill as f64
+                    + k * cost.step_time(self.batch, self.context, 0)
+                    + cost.context_token_s * self.batch as f64 * k * (k - 1.0) / 2.0)
     }
 
     /// Steps finished by time `t` (at most `planned`).
@@ -74,7 +77,7 @@ impl Segment {
         // answer is exact whatever the rounding.
         let a = cost.context_token_s * self.batch as f64 / 2.0;
         let b = cost.step_time(self.batch, self.context, 0) - a;
-        let rhs = t - self.t0 - cost.prefill_token_s * self.prefill as f64;
+        let rhs = (t - self.t0) / self.scale - cost.prefill_token_s * self.prefill as f64;
         if rhs <= 0.0 {
             return 0;
         }
@@ -115,6 +118,8 @@ pub(crate) struct Worker {
     pub busy_s: f64,
     /// Decode tokens produced.
     pub tokens: u64,
+    /// Slow-down applied to segments planned from now on.
+    pub scale: f64,
 }
 
 /// What the simulation must do after a worker changed.
@@ -141,6 +146,7 @@ impl Worker {
             epoch: 0,
             busy_s: 0.0,
             tokens: 0,
+            scale: 1.0,
         }
     }
 
@@ -160,6 +166,22 @@ impl Worker {
     pub fn pause(&mut self, now: f64, mode: PauseMode, cost: &InferenceCost) -> Wake {
         self.pause = Some(mode);
         self.interrupt(now, cost)
+    }
+
+    /// Whether the worker is stepping.
+    pub fn is_busy(&self) -> bool {
+        self.seg.is_some()
+    }
+
+    /// The slow-down changed: cut the segment at the next step boundary, so the rest is
+    /// planned with the new one.
+    pub fn rescale(&mut self, now: f64, scale: f64, cost: &InferenceCost) -> Wake {
+        self.scale = scale;
+        if self.seg.is_some_and(|s| s.scale != scale) {
+            self.interrupt(now, cost)
+        } else {
+            Wake::None
+        }
     }
 
     /// Generate again.
@@ -305,6 +327,7 @@ impl Worker {
             batch: self.running.len() as u64,
             context: self.running.iter().map(|s| s.context).sum(),
             prefill: self.running.iter().map(|s| s.prefill).sum(),
+            scale: self.scale,
         };
         let at = seg.end_of(planned, cost);
         self.seg = Some(seg);

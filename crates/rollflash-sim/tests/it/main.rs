@@ -329,5 +329,25 @@ fn quick_scenarios_produce_full_tables() {
     let alpha = &tables[0];
     let speedup = |row: usize| alpha.rows[row][3].value().unwrap();
     assert_eq!(speedup(0), 1.0);
-    assert!(speedup(2) > 1.0, "α=2 speed-up {}", speedup(2));
+    assert!(speedup(3) > 1.0, "α=2 speed-up {}", speedup(3));
+}
+
+#[test]
+fn shared_hardware_slows_only_overlapping_work() {
+    let slow = |mut c: SimConfig| {
+        c.cluster.contention.gen = 2.0;
+        c.cluster.contention.train = 3.0;
+        c
+    };
+    // Sync never overlaps generation and training: contention changes nothing.
+    let sync = small(0.0, true);
+    assert_eq!(run(&sync).wall_s, run(&slow(sync.clone())).wall_s);
+    // Async overlaps them: both slow down, and accounting still balances.
+    let a = small(1.0, false);
+    let fast = run(&a);
+    let shared = run(&slow(a));
+    assert!(shared.wall_s > fast.wall_s);
+    assert!(shared.accounting.balanced());
+    let mean_train = |r: &SimReport| r.steps.iter().map(|s| s.train_s).sum::<f64>();
+    assert!(mean_train(&shared) > mean_train(&fast));
 }
