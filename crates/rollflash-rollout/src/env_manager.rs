@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rollflash_core::proxy::{Affinity, GroupId};
+use rollflash_core::redundancy::{GroupDecision, GroupProgress, MemberEnd};
 use rollflash_core::{
     FinishReason, GenRequest, PolicyVersion, SamplingParams, Trajectory, TrajectoryEnd, TurnTiming,
 };
@@ -161,29 +162,41 @@ impl EnvManager {
             });
         }
         let mut result = GroupResult::default();
+        // The keep-the-first-`group_size` rule is core's, shared with `rollflash sim`.
+        let mut progress = GroupProgress::new(group_size, redundancy);
         while let Some(joined) = tasks.join_next().await {
             let t = match joined {
                 Ok(t) => t,
                 // A panicking environment fails its trajectory only.
                 Err(e) => failed_before_start(seed, usize::MAX, &format!("task failed: {e}")),
             };
-            match &t.end {
-                Some(TrajectoryEnd::Failed(reason)) => result.failed.push(reason.clone()),
-                Some(TrajectoryEnd::Aborted) => result.aborted += 1,
-                _ => result.kept.push(t),
-            }
-            if result.kept.len() == group_size {
+            let end = match &t.end {
+                Some(TrajectoryEnd::Failed(reason)) => {
+                    result.failed.push(reason.clone());
+                    MemberEnd::Failed
+                }
+                Some(TrajectoryEnd::Aborted) => {
+                    result.aborted += 1;
+                    MemberEnd::Aborted
+                }
+                _ => {
+                    result.kept.push(t);
+                    MemberEnd::Usable
+                }
+            };
+            if let GroupDecision::Done { abort } = progress.record(end) {
+                if abort > 0 {
+                    // Group complete: stop the surplus, in the environment and on the
+                    // backends.
+                    result.aborted += abort;
+                    tasks.abort_all();
+                    self.proxy.abort_group(group);
+                    while tasks.join_next().await.is_some() {}
+                }
                 break;
             }
         }
-        if !tasks.is_empty() {
-            // Group complete: stop the surplus, in the environment and on the backends.
-            result.aborted += tasks.len();
-            tasks.abort_all();
-            self.proxy.abort_group(group);
-            while tasks.join_next().await.is_some() {}
-        }
-        result.complete = result.kept.len() == group_size;
+        result.complete = progress.is_complete();
         result
     }
 

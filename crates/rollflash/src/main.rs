@@ -8,6 +8,7 @@ mod eval_cmd;
 mod generate;
 mod serve;
 mod signal;
+mod sim_cmd;
 mod train_cmd;
 
 use std::path::PathBuf;
@@ -60,6 +61,9 @@ enum Command {
     BenchProxy(bench_proxy::BenchProxyArgs),
     /// Serve a model over HTTP: the SGLang-native API and the OpenAI-compatible API.
     Serve(serve::ServeArgs),
+    /// Simulate the scheduler at cluster scale (speed-up vs α, 8 → 512 GPUs, long tails,
+    /// redundancy); `sim validate` checks the simulator against a measured run.
+    Sim(sim_cmd::SimArgs),
     /// Serve a built-in environment over HTTP, so rollouts can use it from another process.
     EnvServe(env_serve::EnvServeArgs),
 }
@@ -93,6 +97,7 @@ fn main() -> Result<()> {
         Command::BenchProxy(a) => bench_proxy::run(a),
         Command::Serve(a) => serve::run(a),
         Command::EnvServe(a) => env_serve::run(a),
+        Command::Sim(a) => sim_cmd::run(a),
     }
 }
 
