@@ -12,6 +12,12 @@ use serde_json::Value;
 /// A run small enough for seconds: the built-in model (random weights, no warm-up) on
 /// FrozenLake, synchronous. Random text is sometimes a move (a digit 0-3), and unparsable
 /// turns cost 0.1, so rewards vary within groups and the gradient is not zero.
+///
+/// The loss is PPO (ratio against the proximal policy, which the learner recomputes) rather
+/// than the default decoupled PPO: decoupled PPO also weighs each token by the engine's
+/// behaviour log-prob, and those differ in the last bits with the continuous batch a request
+/// happened to share (matrix products of different row counts round differently), which is
+/// timing. With it, resumed weights agree to about 1e-6 instead of exactly.
 fn cfg(dir: &Path, steps: usize, every: usize) -> TrainConfig {
     let sets: Vec<String> = [
         format!("output_dir={:?}", dir.display().to_string()),
@@ -32,6 +38,7 @@ fn cfg(dir: &Path, steps: usize, every: usize) -> TrainConfig {
         format!("train.steps={steps}"),
         "train.lr=1e-3".into(),
         "train.lr_warmup_steps=2".into(),
+        "train.loss.pg_variant=ppo".into(),
         "train.eval_problems=0".into(),
         format!("checkpoint.every={every}"),
         "checkpoint.keep=2".into(),
@@ -158,7 +165,7 @@ async fn a_resumed_run_ends_where_the_uninterrupted_one_does() {
 
     let diff = max_weight_diff(&a.checkpoint, &b2.checkpoint);
     eprintln!("resume: max |Δw| = {diff:e}; rewards {ra:?}");
-    assert!(diff <= 1e-6, "resumed weights differ by {diff}");
+    assert_eq!(diff, 0.0, "resumed weights differ by {diff}");
 
     // The accounting continues across the resume and adds up.
     let last = mb.last().unwrap();
@@ -240,4 +247,38 @@ async fn metrics_have_every_field_and_the_report_is_built_from_them() {
     std::fs::remove_dir_all(dir.path().join("report")).unwrap();
     let again = rollflash::report::write(dir.path()).unwrap();
     assert_eq!(std::fs::read_to_string(again).unwrap(), md);
+}
+
+/// An asynchronous run resumes at its version and task seed; the groups that were in
+/// flight at the checkpoint are not replayed and count as aborted, so the totals still add
+/// up and staleness stays within α.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_run_resumes_with_balanced_accounting() {
+    let dir = tempfile::tempdir().unwrap();
+    let asynchronous = |steps| {
+        let mut c = cfg(dir.path(), steps, 2);
+        c.controller.sync = false;
+        c.buffer.alpha = 1.0;
+        c
+    };
+    pipeline::run(asynchronous(2)).await.unwrap();
+    let s = pipeline::run_with(
+        asynchronous(3),
+        RunOptions {
+            resume: Some(Resume::Latest),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.report.steps.len(), 1);
+    assert_eq!(s.report.steps[0].version.0, 2);
+    let a = s.report.accounting;
+    assert!(a.balanced(), "{a:?}");
+    assert_eq!(a.trained, 3 * 8);
+    let rows = metrics(dir.path());
+    assert_eq!(column(&rows, "step"), vec![0.0, 1.0, 2.0]);
+    assert!(rows
+        .iter()
+        .all(|r| r["staleness_max"].as_u64().unwrap() <= 1));
 }
