@@ -66,6 +66,11 @@ pub struct Trajectory {
     pub seed: u64,
     /// Index within its group.
     pub index: usize,
+    /// The numeric entries of the environment's `info` on the last step (for math,
+    /// `format_free`: the answer scored without the format check), for evaluation and
+    /// per-step metrics.
+    #[serde(default)]
+    pub env_metrics: Vec<(String, f64)>,
 }
 
 impl Trajectory {

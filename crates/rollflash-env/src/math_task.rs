@@ -480,6 +480,10 @@ impl Env for MathEnv {
         let mut info = Map::new();
         info.insert("answer".into(), json!(p.answer));
         info.insert("detail".into(), json!(r.detail));
+        // The answer alone, format aside (the last number counts when `####` is missing):
+        // tells arithmetic skill apart from format in what RL improves.
+        let lenient = MathVerifier::default().score(action, &p.answer).value;
+        info.insert("format_free".into(), json!(lenient));
         Ok(Step {
             observation: String::new(),
             reward: r.value,

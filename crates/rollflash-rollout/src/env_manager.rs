@@ -309,6 +309,11 @@ impl EnvManager {
             }
             t.reward += step.reward;
             t.step_rewards.push(step.reward);
+            t.env_metrics = step
+                .info
+                .iter()
+                .filter_map(|(k, v)| v.as_f64().map(|x| (k.clone(), x)))
+                .collect();
             if step.terminated {
                 return TrajectoryEnd::Terminated;
             }

@@ -104,6 +104,15 @@ pub fn run(a: TrainArgs) -> Result<()> {
             "greedy eval on {} held-out tasks: success {:.3} before RL → {:.3} after (mean reward {:.3} → {:.3})",
             af.tasks, b.success_rate, af.success_rate, b.mean_reward, af.mean_reward
         );
+        if let (Some(fb), Some(fa)) = (b.format_free, af.format_free) {
+            println!("  format-free greedy accuracy (answer only, `####` not required): {fb:.3} → {fa:.3}");
+        }
+        if let (Some(sb), Some(sa)) = (b.sampled, af.sampled) {
+            println!(
+                "  sampled pass@1 ({} per task, T={}): {:.3} → {:.3}",
+                sa.samples, sa.temperature, sb.success_rate, sa.success_rate
+            );
+        }
     }
     println!("checkpoint: {}", summary.checkpoint.display());
     if let Some(p) = &summary.report_path {

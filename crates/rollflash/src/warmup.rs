@@ -42,7 +42,12 @@ pub fn run(
         w.steps, w.batch_size
     );
     for step in 0..w.steps {
-        let examples = task.warmup_examples(w.batch_size, cfg.seed.wrapping_add(step as u64));
+        let mut examples = task.warmup_examples(w.batch_size, cfg.seed.wrapping_add(step as u64));
+        for (i, (_, c)) in examples.iter_mut().enumerate() {
+            if unit_hash(cfg.seed, step as u64, i as u64) < w.unmarked_fraction {
+                *c = unmarked(c).to_string();
+            }
+        }
         let mut seqs = Vec::with_capacity(examples.len());
         let mut mask = Vec::new();
         for (p, c) in &examples {
@@ -89,4 +94,25 @@ pub fn cache_key(cfg: &TrainConfig) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+/// A worked solution without its final `#### answer` part (`12+7=19 19+30=49`).
+pub fn unmarked(solution: &str) -> &str {
+    solution
+        .rfind("####")
+        .map_or(solution, |i| solution[..i].trim_end())
+}
+
+/// A uniform number in `[0, 1)` from `(seed, step, i)` (SplitMix64's finaliser), so which
+/// examples lose their marker is fixed by the seed and independent of the problem stream.
+fn unit_hash(seed: u64, step: u64, i: u64) -> f64 {
+    let mut z = seed
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(step.wrapping_mul(0xbf58_476d_1ce4_e5b9))
+        .wrapping_add(i.wrapping_mul(0x94d0_49bb_1331_11eb))
+        .wrapping_add(0x632b_e59b_d9b4_e019);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
 }
