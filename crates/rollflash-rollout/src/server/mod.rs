@@ -326,7 +326,8 @@ impl Shared {
         let mut prompt = input_ids;
         let resume = (resumed_len > 0).then(|| {
             let tokens = prompt.split_off(prompt.len() - resumed_len);
-            params.max_new_tokens += resumed_len;
+            // Saturating: a client may send any `max_new_tokens`; overflow must not panic.
+            params.max_new_tokens = params.max_new_tokens.saturating_add(resumed_len);
             Generated {
                 logprobs: vec![0.0; tokens.len()],
                 versions: vec![PolicyVersion::default(); tokens.len()],

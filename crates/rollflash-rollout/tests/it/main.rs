@@ -7,5 +7,7 @@ mod common;
 mod conformance;
 mod env_manager;
 mod faults;
+mod fuzz_http;
 mod http;
+mod paths;
 mod proxy;
