@@ -122,6 +122,9 @@ pub struct TrainSection {
     pub lr: f64,
     /// CPU threads of the trainer.
     pub threads: usize,
+    /// Sequences per forward/backward pass within a step (0 = the whole batch); gradients
+    /// are accumulated and one optimiser step is taken per batch.
+    pub micro_batch_size: usize,
     pub max_grad_norm: f64,
     pub weight_decay: f64,
     /// AdamW's β₁, β₂ and ε (the Hugging Face `adam_beta1`, `adam_beta2`, `adam_epsilon`).
@@ -222,6 +225,7 @@ impl Default for TrainSection {
             // learning rate whatever the gradient; 1e-3 wrecked the warmed-up policy.
             lr: 1e-4,
             threads: 1,
+            micro_batch_size: 0,
             max_grad_norm: 1.0,
             weight_decay: 0.0,
             adam_beta1: 0.9,

@@ -8,12 +8,14 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 use rollflash_core::buffer::Batch;
 use rollflash_core::{PolicyVersion, Trajectory};
+use rollflash_model::model::Transformer;
 use rollflash_model::train::{
     token_stats, AdamW, GradAccumulator, OptimizerConfig, TrainableModel,
 };
 use rollflash_rollout::WeightUpdate;
 use rollflash_train::advantage::{compute_advantages, AdvantageBatch, AdvantageEstimator};
-use rollflash_train::loss::{policy_loss, LossConfig, PolicyLossInputs};
+use rollflash_train::loss::{policy_loss, LossConfig, LossMetrics, PolicyLossInputs};
+use rollflash_train::LossAgg;
 
 use crate::controller::{Learner, LearnerError, StepStats};
 
@@ -27,6 +29,9 @@ pub struct LearnerConfig {
     pub temperature: f64,
     /// CPU threads of the trainer.
     pub threads: usize,
+    /// Sequences per forward/backward pass; gradients are accumulated over the batch and
+    /// one optimiser step is taken (0 = the whole batch at once). Bounds activation memory.
+    pub micro_batch_size: usize,
 }
 
 /// The trainer's model and optimiser state.
@@ -36,6 +41,9 @@ pub struct PolicyLearner {
     cfg: LearnerConfig,
     pool: rayon::ThreadPool,
     device: Device,
+    /// The frozen policy the KL term is measured against (the weights the learner started
+    /// from), kept only when `loss.kl_coef > 0`.
+    reference: Option<Transformer>,
 }
 
 impl std::fmt::Debug for PolicyLearner {
@@ -59,7 +67,13 @@ impl PolicyLearner {
             .thread_name(|i| format!("rollflash-trainer-{i}"))
             .build()
             .map_err(err)?;
+        let reference = if cfg.loss.kl_coef > 0.0 {
+            Some(model.snapshot().map_err(err)?)
+        } else {
+            None
+        };
         Ok(PolicyLearner {
+            reference,
             model,
             opt: AdamW::new(cfg.optimizer.clone()),
             cfg,
@@ -91,61 +105,119 @@ impl PolicyLearner {
                 behav.extend_from_slice(&t.logprobs);
             }
         }
+        // The packed layout `token_stats` uses: sequence starts, then the total.
+        let mut offsets = Vec::with_capacity(seqs.len() + 1);
+        let mut total = 0;
+        for s in &seqs {
+            offsets.push(total);
+            total += s.len();
+        }
+        offsets.push(total);
+        if mask.len() != total || behav.len() != total {
+            return Err(err(format!(
+                "batch has {total} tokens but {} mask and {} log-prob entries",
+                mask.len(),
+                behav.len()
+            )));
+        }
+        // Advantages over the whole batch (group baselines, REINFORCE++'s batch statistics)
+        // before it is cut into micro-batches.
+        let adv = compute_advantages(
+            &self.cfg.advantage,
+            &AdvantageBatch {
+                rewards: &rewards,
+                group_sizes: &group_sizes,
+                seq_offsets: &offsets[..seqs.len()],
+                mask: &mask,
+                kl: None,
+            },
+        )
+        .map_err(err)?;
+        let n_seq = seqs.len();
+        let mb = match self.cfg.micro_batch_size {
+            0 => n_seq.max(1),
+            m => m.min(n_seq.max(1)),
+        };
+        let token_weighted = matches!(self.cfg.loss.loss_agg, LossAgg::TokenMean);
+        let n_mask = mask.iter().filter(|&&m| m).count().max(1);
+
         let model = &self.model;
+        let reference = self.reference.as_ref();
         let opt = &mut self.opt;
         let cfg = &self.cfg;
         let device = &self.device;
         let (stats, opt_stats, behav_kl) = self.pool.install(|| -> Result<_, LearnerError> {
-            let ts = token_stats(model.model(), &seqs, cfg.temperature, false).map_err(err)?;
-            let offsets = &ts.offsets[..ts.offsets.len() - 1];
-            let adv = compute_advantages(
-                &cfg.advantage,
-                &AdvantageBatch {
-                    rewards: &rewards,
-                    group_sizes: &group_sizes,
-                    seq_offsets: offsets,
-                    mask: &mask,
-                    kl: None,
-                },
-            )
-            .map_err(err)?;
-            let n = mask.len();
-            let dtype = ts.logprobs.dtype();
-            let to_t = |v: Vec<f32>| {
-                Tensor::from_vec(v, n, device)
-                    .and_then(|t| t.to_dtype(dtype))
-                    .map_err(err)
-            };
-            let adv_t = to_t(adv.iter().map(|&a| a as f32).collect())?;
-            let mask_t = to_t(mask.iter().map(|&m| if m { 1.0 } else { 0.0 }).collect())?;
-            let behav_t = to_t(behav.clone())?;
-            // One optimiser step per batch: the proximal ("old") policy is the policy at the
-            // start of the step, numerically equal to the current one.
-            let old = ts.logprobs.detach();
-            let mut inputs =
-                PolicyLossInputs::new(&ts.logprobs, &old, &behav_t, &adv_t, &mask_t, offsets);
-            inputs.entropy = Some(&ts.entropy);
-            inputs.seq_scores = Some(&rewards);
-            let out = policy_loss(&inputs, &cfg.loss).map_err(err)?;
-            // Train–inference mismatch: the mean of `behav − proximal` over response tokens
-            // estimates KL(π_behav‖π_proximal); at staleness 0 it is pure numerics (≈0).
-            let proximal = old
-                .to_dtype(candle_core::DType::F64)
-                .and_then(|t| t.to_vec1::<f64>())
-                .map_err(err)?;
+            let mut acc = GradAccumulator::default();
+            let mut agg = StatsSum::default();
             let (mut gap, mut n_tok) = (0.0, 0usize);
-            for ((&m, &b), &p) in mask.iter().zip(&behav).zip(&proximal) {
-                if m {
-                    gap += f64::from(b) - p;
-                    n_tok += 1;
+            for start in (0..n_seq).step_by(mb) {
+                let end = (start + mb).min(n_seq);
+                let (t0, t1) = (offsets[start], offsets[end]);
+                let chunk = &seqs[start..end];
+                let ts = token_stats(model.model(), chunk, cfg.temperature, false).map_err(err)?;
+                let dtype = ts.logprobs.dtype();
+                let n = t1 - t0;
+                let to_t = |v: Vec<f32>| {
+                    Tensor::from_vec(v, n, device)
+                        .and_then(|t| t.to_dtype(dtype))
+                        .map_err(err)
+                };
+                let adv_t = to_t(adv[t0..t1].iter().map(|&a| a as f32).collect())?;
+                let mask_t = to_t(
+                    mask[t0..t1]
+                        .iter()
+                        .map(|&m| if m { 1.0 } else { 0.0 })
+                        .collect(),
+                )?;
+                let behav_t = to_t(behav[t0..t1].to_vec())?;
+                let local: Vec<usize> = offsets[start..end].iter().map(|o| o - t0).collect();
+                // One optimiser step per batch: the proximal ("old") policy is the policy at
+                // the start of the step, numerically equal to the current one.
+                let old = ts.logprobs.detach();
+                let ref_logp = match reference {
+                    Some(r) => Some(
+                        token_stats(r, chunk, cfg.temperature, false)
+                            .map_err(err)?
+                            .logprobs
+                            .detach(),
+                    ),
+                    None => None,
+                };
+                let mut inputs =
+                    PolicyLossInputs::new(&ts.logprobs, &old, &behav_t, &adv_t, &mask_t, &local);
+                inputs.entropy = Some(&ts.entropy);
+                inputs.seq_scores = Some(&rewards[start..end]);
+                inputs.ref_logp = ref_logp.as_ref();
+                let out = policy_loss(&inputs, &cfg.loss).map_err(err)?;
+                // Each micro-batch's loss is a mean over its own sequences (or tokens);
+                // weighting by its share makes the summed gradients those of the whole
+                // batch's loss. With correction filters on, token shares are counted before
+                // filtering.
+                let weight = if token_weighted {
+                    mask[t0..t1].iter().filter(|&&m| m).count() as f64 / n_mask as f64
+                } else {
+                    (end - start) as f64 / n_seq as f64
+                };
+                let grads = (&out.loss * weight)
+                    .and_then(|l| l.backward())
+                    .map_err(err)?;
+                acc.add(model, &grads).map_err(err)?;
+                agg.add(&out.metrics, weight);
+                // Train–inference mismatch: the mean of `behav − proximal` over response
+                // tokens estimates KL(π_behav‖π_proximal); at staleness 0 it is numerics.
+                let proximal = old
+                    .to_dtype(candle_core::DType::F64)
+                    .and_then(|t| t.to_vec1::<f64>())
+                    .map_err(err)?;
+                for ((&m, &b), &p) in mask[t0..t1].iter().zip(&behav[t0..t1]).zip(&proximal) {
+                    if m {
+                        gap += f64::from(b) - p;
+                        n_tok += 1;
+                    }
                 }
             }
-            let behav_kl = gap / n_tok.max(1) as f64;
-            let grads = out.loss.backward().map_err(err)?;
-            let mut acc = GradAccumulator::default();
-            acc.add(model, &grads).map_err(err)?;
             let st = opt.step(model, &acc).map_err(err)?;
-            Ok((out.metrics, st, behav_kl))
+            Ok((agg, st, gap / n_tok.max(1) as f64))
         })?;
         let new = Arc::new(self.model.snapshot().map_err(err)?);
         let version = PolicyVersion(batch.version.0 + 1);
@@ -155,12 +227,15 @@ impl PolicyLearner {
             ("clip_frac".to_string(), stats.clip_frac),
             ("ratio_mean".to_string(), stats.ratio_mean),
             ("behav_kl".to_string(), behav_kl),
-            ("behav_cap_frac".to_string(), stats.decoupled_cap_frac),
+            ("behav_cap_frac".to_string(), stats.cap_frac),
             ("grad_norm".to_string(), opt_stats.grad_norm),
             ("lr".to_string(), opt_stats.lr),
         ];
         if let Some(e) = stats.entropy {
             metrics.push(("entropy".to_string(), e));
+        }
+        if let Some(k) = stats.kl_loss {
+            metrics.push(("kl_ref".to_string(), k));
         }
         Ok((
             WeightUpdate::InProcess {
@@ -172,6 +247,36 @@ impl PolicyLearner {
                 metrics,
             },
         ))
+    }
+}
+
+/// Loss statistics of micro-batches, combined with the weights their losses carried.
+#[derive(Debug, Default)]
+struct StatsSum {
+    pg_loss: f64,
+    total_loss: f64,
+    approx_kl: f64,
+    clip_frac: f64,
+    ratio_mean: f64,
+    cap_frac: f64,
+    entropy: Option<f64>,
+    kl_loss: Option<f64>,
+}
+
+impl StatsSum {
+    fn add(&mut self, m: &LossMetrics, w: f64) {
+        self.pg_loss += w * m.pg_loss;
+        self.total_loss += w * m.total_loss;
+        self.approx_kl += w * m.approx_kl;
+        self.clip_frac += w * m.clip_frac;
+        self.ratio_mean += w * m.ratio_mean;
+        self.cap_frac += w * m.decoupled_cap_frac;
+        if let Some(e) = m.entropy {
+            *self.entropy.get_or_insert(0.0) += w * e;
+        }
+        if let Some(k) = m.kl_loss {
+            *self.kl_loss.get_or_insert(0.0) += w * k;
+        }
     }
 }
 

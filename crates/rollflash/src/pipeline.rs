@@ -502,6 +502,7 @@ pub async fn run_with(
             advantage: cfg.train.advantage,
             temperature: cfg.rollout.temperature,
             threads: cfg.train.threads,
+            micro_batch_size: cfg.train.micro_batch_size,
         },
     )?;
     if let Some(r) = &resumed {

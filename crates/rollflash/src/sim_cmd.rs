@@ -578,6 +578,7 @@ fn time_learner(
             advantage: cfg.train.advantage,
             temperature: cfg.rollout.temperature,
             threads: cfg.train.threads,
+            micro_batch_size: cfg.train.micro_batch_size,
         },
     )?;
     let group = cfg.buffer.group_size.max(1);

@@ -113,6 +113,7 @@ async fn rl_raises_the_reward_of_a_one_token_bandit() {
             },
             temperature: 1.0,
             threads: 1,
+            micro_batch_size: 0,
         },
     )
     .unwrap();
@@ -147,4 +148,124 @@ async fn rl_raises_the_reward_of_a_one_token_bandit() {
         "reward should rise: first five steps {first:.3}, last five {last:.3} ({rewards:?})"
     );
     assert!(report.accounting.balanced());
+}
+
+/// A batch of 2 groups × 3 random trajectories (3-token prompts, 2–5-token responses).
+fn random_batch(vocab: u32) -> rollflash_core::buffer::Batch<rollflash_core::Trajectory> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let mut groups = Vec::new();
+    for g in 0..2u64 {
+        let mut samples = Vec::new();
+        for i in 0..3usize {
+            let resp = rng.random_range(2..6usize);
+            let n = 3 + resp;
+            let tokens: Vec<u32> = (0..n).map(|_| rng.random_range(4..vocab)).collect();
+            let loss_mask: Vec<u8> = (0..n).map(|k| u8::from(k >= 3)).collect();
+            let logprobs: Vec<f32> = (0..n)
+                .map(|k| {
+                    if k >= 3 {
+                        rng.random_range(-6.0..-3.0)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let t = rollflash_core::Trajectory {
+                versions: vec![PolicyVersion(0); n],
+                tokens,
+                loss_mask,
+                logprobs,
+                prompt_len: 3,
+                index: i,
+                ..Default::default()
+            };
+            samples.push((t, f64::from(rng.random_range(0..2u8))));
+        }
+        groups.push(rollflash_core::buffer::BatchGroup {
+            key: rollflash_core::buffer::GroupKey(g),
+            start: PolicyVersion(0),
+            samples,
+        });
+    }
+    rollflash_core::buffer::Batch {
+        version: PolicyVersion(0),
+        groups,
+    }
+}
+
+/// Micro-batching is an implementation detail: one sequence per pass, or three, gives the
+/// same update as the whole batch at once, for sequence- and token-weighted aggregation and
+/// with the KL term against the frozen reference on.
+#[test]
+fn micro_batches_give_the_whole_batch_update() {
+    use rollflash::Learner;
+    use rollflash_train::LossAgg;
+    let tok = Tokenizer::builtin();
+    let cfg = ModelConfig::tiny(Arch::Qwen3, tok.vocab_size());
+    let w = Weights::random(&cfg, 3, DType::F32, &Device::Cpu).unwrap();
+    let batch = random_batch(tok.vocab_size() as u32);
+    for (agg, kl_coef) in [(LossAgg::SeqMeanTokenMean, 0.0), (LossAgg::TokenMean, 0.1)] {
+        let run = |micro: usize| {
+            let model = TrainableModel::new(&cfg, &w, DType::F32, &Device::Cpu).unwrap();
+            let mut learner = PolicyLearner::new(
+                model,
+                LearnerConfig {
+                    optimizer: OptimizerConfig {
+                        lr: 1e-2,
+                        // Large ε keeps Adam's first step smooth in the gradient, so float
+                        // noise between the two summation orders stays float noise.
+                        eps: 1e-3,
+                        max_grad_norm: None,
+                        ..Default::default()
+                    },
+                    loss: LossConfig {
+                        pg_variant: PgVariant::DecoupledPpo,
+                        loss_agg: agg,
+                        kl_coef,
+                        ..Default::default()
+                    },
+                    advantage: AdvantageEstimator::Grpo {
+                        norm_by_std: true,
+                        eps: 1e-6,
+                    },
+                    temperature: 1.0,
+                    threads: 1,
+                    micro_batch_size: micro,
+                },
+            )
+            .unwrap();
+            let (update, stats) = learner.train(&batch).unwrap();
+            let rollflash_rollout::WeightUpdate::InProcess { model, .. } = update else {
+                panic!("expected in-process weights");
+            };
+            (model.weights(), stats)
+        };
+        let (full, full_stats) = run(0);
+        for micro in [1, 4] {
+            let (part, stats) = run(micro);
+            assert!(
+                (stats.loss - full_stats.loss).abs() < 1e-5,
+                "{agg:?} micro {micro}: loss {} vs {}",
+                stats.loss,
+                full_stats.loss
+            );
+            for (name, t) in full.tensors() {
+                let d = (t - part.tensors()[name].clone())
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .max(0)
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                assert!(d < 1e-6, "{agg:?} micro {micro}: {name} differs by {d}");
+            }
+        }
+        if kl_coef > 0.0 {
+            assert!(full_stats.metrics.iter().any(|(k, _)| k == "kl_ref"));
+        }
+    }
 }
