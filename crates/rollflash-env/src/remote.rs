@@ -19,7 +19,8 @@
 //!
 //! Errors are `{"error": {"kind": ..., "message": ...}}` with these statuses and kinds:
 //! 400 `bad_request` (malformed JSON, unknown environment name or field, invalid config),
-//! 401 `unauthorized`, 404 `not_found` (unknown environment id or route),
+//! 401 `unauthorized`, 404 `not_found` (unknown environment id or route), 405
+//! `method_not_allowed` (a known route with another method),
 //! 409 `out_of_order` (step before reset or after the episode ended), 413 `too_large` (body
 //! over the limit, 1 MiB by default), 500 `env_failed` / `garbage` (the environment failed),
 //! 503 `capacity` (the live-environment cap is reached).
@@ -381,6 +382,16 @@ async fn fallback() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
 }
 
+/// A known route with the wrong method: the JSON error shape too (axum's default is an empty
+/// body), naming what was tried.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not accept {method}", uri.path()),
+    )
+}
+
 /// Rejects requests without the right bearer token (when a key is configured).
 async fn require_key(State(st): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     let Some(key) = &st.cfg.api_key else {
@@ -424,6 +435,7 @@ pub fn router(cfg: EnvServerConfig) -> Router {
         .route("/envs/{id}/step", post(step))
         .route("/envs/{id}", axum::routing::delete(delete))
         .fallback(fallback)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(st.clone(), require_key));
     Router::new()
         .route("/health", get(health))

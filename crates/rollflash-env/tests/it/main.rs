@@ -5,6 +5,7 @@
 
 mod dataset;
 mod envs;
+mod fuzz_remote;
 mod latency;
 mod math_task;
 mod remote;
