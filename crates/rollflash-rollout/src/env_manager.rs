@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::proxy::{ProxyError, ProxyHandle};
+use crate::proxy::{ProxyError, ProxyHandle, Replication};
 
 /// How the conversation becomes tokens.
 #[derive(Clone)]
@@ -91,6 +91,10 @@ pub struct EnvManager {
     cfg: EnvManagerConfig,
     /// The current policy version: a trajectory records the one in force when it starts.
     version: watch::Receiver<PolicyVersion>,
+    /// How a group's trajectories reach the backends: `Expand` (each its own request,
+    /// anywhere) or `PerRequest` (the whole group pinned to one backend, as one
+    /// `n`-per-request call would be). `rollflash bench` measures the difference.
+    replication: Replication,
 }
 
 impl std::fmt::Debug for EnvManager {
@@ -131,7 +135,14 @@ impl EnvManager {
             renderer,
             cfg,
             version,
+            replication: Replication::Expand,
         }
+    }
+
+    /// Spreads each group's requests as `replication` says (default: `Expand`).
+    pub fn with_replication(mut self, replication: Replication) -> Self {
+        self.replication = replication;
+        self
     }
 
     /// The configuration.
@@ -216,11 +227,14 @@ impl EnvManager {
             index,
             ..Default::default()
         };
-        // A sticky key per trajectory keeps its turns on one backend (prefix reuse).
+        // A sticky key per trajectory keeps its turns on one backend (prefix reuse); without
+        // prompt replication the whole group shares one backend instead.
         let affinity_key = self.proxy.next_id().0;
-        let end = self
-            .episode(env, &mut t, group, Affinity::Sticky(affinity_key))
-            .await;
+        let affinity = match self.replication {
+            Replication::Expand => Affinity::Sticky(affinity_key),
+            Replication::PerRequest => Affinity::Pinned(group.0),
+        };
+        let end = self.episode(env, &mut t, group, affinity).await;
         self.proxy.forget_affinity(affinity_key);
         t.end = Some(end);
         t

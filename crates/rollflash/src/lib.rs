@@ -3,6 +3,7 @@
 //! The command line in `main.rs` is built on it.
 
 pub mod agentic_warmup;
+pub mod bench_rl;
 pub mod checkpoint;
 pub mod config;
 pub mod controller;

@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_proxy;
+mod bench_rl_cmd;
 mod env_serve;
 mod eval_cmd;
 mod generate;
@@ -54,6 +55,10 @@ enum Command {
         /// Output directory (created).
         output: PathBuf,
     },
+    /// Measure ROLL Flash's speed-ups: the synchronous baseline and each mechanism (queue
+    /// scheduling, prompt replication, α, environment-level async, redundant environments)
+    /// alone and combined, side by side on the same threads, model and sample count.
+    Bench(bench_rl_cmd::BenchRlArgs),
     /// Measure the engine: decode tokens/s at several batch sizes and training tokens/s.
     BenchEngine(bench::BenchArgs),
     /// Measure the control plane: requests/s and added latency through the proxy to
@@ -93,6 +98,7 @@ fn main() -> Result<()> {
             println!("wrote {}", output.display());
             Ok(())
         }
+        Command::Bench(a) => bench_rl_cmd::run(a),
         Command::BenchEngine(a) => bench::run(a),
         Command::BenchProxy(a) => bench_proxy::run(a),
         Command::Serve(a) => serve::run(a),

@@ -1,0 +1,1023 @@
+//! `rollflash bench`: the synchronous baseline and each ROLL Flash mechanism alone and
+//! combined, measured side by side in one process, on the same threads, model and number of
+//! trained samples, on two workloads — long-tailed RLVR math and agentic FrozenLake behind
+//! slow, failing environments.
+//!
+//! Every mode is the real stack (engines behind the `LlmProxy`, the `EnvManager`, the
+//! `AsyncController` with the `PolicyLearner`); a mode only flips switches:
+//!
+//! | switch | on (ROLL Flash) | off (the synchronous baseline) |
+//! | --- | --- | --- |
+//! | queue scheduling | continuous batching: a freed slot takes the next request at once | [`WaveBackend`]: static batches of `max_running_requests`; a batch admits nothing new until its slowest request finished |
+//! | prompt replication | `Replication::Expand`: a group's samples are independent requests on any engine | `Replication::PerRequest`: the whole group pinned to one engine |
+//! | α | `buffer.alpha = α`, rollout runs during training | α = 0 with the barrier |
+//! | environment-level async | a trajectory waiting on its environment holds no generation slot | [`SlotEnv`]: a trajectory holds one of the engines' slots from `reset` to its end, env waits included |
+//! | redundant environments | `group_size + rollout.group_size_redundancy` trajectories, first `group_size` kept | exactly `group_size` |
+//!
+//! Throughput is trained samples (and trained model tokens) per second in steady state, from
+//! the first weight publication to the last (the whole run's figure is in the CSV);
+//! utilisation comes from the controller's step records over the same window.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use candle_core::{DType, Device};
+use rollflash_core::{FinishReason, GenOutput, GenRequest, PauseMode, PolicyVersion, RequestId};
+use rollflash_core::SamplingParams;
+use rollflash_env::envs::{make_env, EnvConfig};
+use rollflash_env::math_task::MathTask;
+use rollflash_env::{Env, EnvError, Reset, Step};
+use rollflash_model::config::ModelConfig;
+use rollflash_model::engine::EngineConfig;
+use rollflash_model::tokenizer::Tokenizer;
+use rollflash_model::train::{OptimizerConfig, TrainableModel};
+use rollflash_model::weights::Weights;
+use rollflash_rollout::{
+    Backend, BackendEntry, BackendError, BackendLoad, EngineBackend, EngineBackendConfig,
+    EnvFactory, EnvManager, EnvManagerConfig, LlmProxy, ProxyConfig, Renderer, Replication,
+    WeightUpdate,
+};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::config::{ConfigError, TrainConfig};
+use crate::controller::{AsyncController, ControllerConfig, RunReport};
+use crate::learner::{LearnerConfig, PolicyLearner};
+use crate::pipeline::{success_threshold, PipelineError};
+
+/// Why a benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("warm-up: {0}")]
+    Warmup(#[from] PipelineError),
+    #[error("model: {0}")]
+    Model(#[from] rollflash_model::ModelError),
+    #[error("tensor: {0}")]
+    Tensor(#[from] candle_core::Error),
+    #[error("rollout: {0}")]
+    Backend(#[from] BackendError),
+    #[error("proxy: {0}")]
+    Proxy(#[from] rollflash_rollout::ProxyError),
+    #[error("environment: {0}")]
+    Env(#[from] EnvError),
+    #[error(transparent)]
+    Controller(#[from] crate::controller::ControllerError),
+    #[error("learner: {0}")]
+    Learner(#[from] crate::controller::LearnerError),
+    #[error("plot: {0}")]
+    Plot(#[from] rollflash_plot::PlotError),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("unknown mode `{0}` (known: {known})", known = MODE_NAMES.join(", "))]
+    UnknownMode(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The two workloads the paper reports on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Workload {
+    /// The arithmetic task with 2–24 terms (power-law term count): a few responses are ten
+    /// times longer than most.
+    Rlvr,
+    /// Multi-turn FrozenLake behind log-normal environment latency and injected failures.
+    Agentic,
+}
+
+impl Workload {
+    /// `rlvr` or `agentic`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Rlvr => "rlvr",
+            Workload::Agentic => "agentic",
+        }
+    }
+
+    /// The workload's settings, as `--set` overrides of the `rollflash train` defaults (so
+    /// they are validated like any config, and printed with the table).
+    ///
+    /// Both: two engine workers of one thread each and a two-thread trainer (the 2-core
+    /// machine, fully used by either stage in the synchronous baseline), engine slots fewer
+    /// than a batch's samples (so static batching and slot-holding environments cost what
+    /// they cost on a GPU whose KV cache bounds the batch), no evaluation, no report.
+    pub fn sets(self) -> Vec<String> {
+        let common = [
+            "rollout.engines=2",
+            "rollout.engine_threads=1",
+            "train.threads=2",
+            "train.eval_problems=0",
+            "train.eval_samples=0",
+            "metrics.progress=false",
+            "metrics.report=false",
+        ];
+        let specific: &[&str] = match self {
+            // Default math task (2–24 terms, exponent 1.5); a short cached warm-up so
+            // response lengths follow the problems instead of running to the token limit.
+            Workload::Rlvr => &[
+                "env.name=\"math\"",
+                "env.max_terms=24",
+                "warmup.steps=40",
+                "warmup.batch_size=16",
+                "rollout.max_running_requests=8",
+                "rollout.max_new_tokens=320",
+                "rollout.max_total_tokens=448",
+                "buffer.groups_per_batch=4",
+                "buffer.group_size=8",
+                "train.steps=4",
+            ],
+            // Environment latency scaled down from the paper's 1–2 s (log-normal mean
+            // 0.5 s, σ = 1: p99 ≈ 3 s, capped at 4 s) so a run takes seconds, yet
+            // environment waits still dominate a trajectory; 2% of calls fail. Random
+            // weights: every turn is 8 tokens, every episode `max_steps` turns.
+            Workload::Agentic => &[
+                "env.name=\"frozen_lake\"",
+                "env.map={ random = { size = 4, p = 0.8 } }",
+                "env.is_slippery=false",
+                "env.max_steps=3",
+                "env.latency={ kind = \"log_normal\", mean = 0.5, sigma = 1.0, cap_secs = 4.0 }",
+                "env.failure={ rate = 0.02 }",
+                "warmup.steps=0",
+                "rollout.max_running_requests=2",
+                "rollout.max_new_tokens=8",
+                "rollout.max_turns=3",
+                "rollout.max_total_tokens=320",
+                "rollout.temperature=1.0",
+                "rollout.group_size_redundancy=2",
+                "buffer.groups_per_batch=2",
+                "buffer.group_size=4",
+                "train.steps=4",
+            ],
+        };
+        common
+            .iter()
+            .chain(specific)
+            .map(|s| (*s).to_string())
+            .collect()
+    }
+
+    /// The modes run when `--modes` is not given.
+    pub fn default_modes(self) -> &'static [&'static str] {
+        match self {
+            Workload::Rlvr => &["sync", "queue", "replicate", "alpha1", "alpha2", "all"],
+            Workload::Agentic => &["sync", "queue", "env-async", "redundant", "alpha1", "all"],
+        }
+    }
+}
+
+/// One configuration of the mechanisms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mode {
+    pub name: String,
+    /// 0 is the synchronous baseline (α = 0 and the barrier: no generation during training).
+    pub alpha: f64,
+    /// Queue scheduling (continuous batching) instead of static batches.
+    pub queue: bool,
+    /// Prompt replication (`Expand`) instead of a group pinned to one engine.
+    pub replicate: bool,
+    /// Environment waits hold no generation slot.
+    pub env_async: bool,
+    /// Redundant trajectories per group (`rollout.group_size_redundancy`).
+    pub redundant: bool,
+}
+
+/// Every mode name [`mode`] knows.
+pub const MODE_NAMES: &[&str] = &[
+    "sync",
+    "queue",
+    "replicate",
+    "env-async",
+    "redundant",
+    "alpha1",
+    "alpha2",
+    "alpha4",
+    "all-sync",
+    "all-a1",
+    "all",
+];
+
+/// The mode called `name`: `sync` (the baseline), one mechanism alone on top of it
+/// (`queue`, `replicate`, `env-async`, `redundant`, `alpha1|2|4`), or every mechanism
+/// (`all-sync` at α = 0, `all-a1` at α = 1, `all` at α = 2).
+pub fn mode(name: &str) -> Option<Mode> {
+    let base = Mode {
+        name: name.to_string(),
+        alpha: 0.0,
+        queue: false,
+        replicate: false,
+        env_async: false,
+        redundant: false,
+    };
+    let every = |alpha| Mode {
+        alpha,
+        queue: true,
+        replicate: true,
+        env_async: true,
+        redundant: true,
+        ..base.clone()
+    };
+    Some(match name {
+        "sync" => base,
+        "queue" => Mode {
+            queue: true,
+            ..base
+        },
+        "replicate" => Mode {
+            replicate: true,
+            ..base
+        },
+        "env-async" => Mode {
+            env_async: true,
+            ..base
+        },
+        "redundant" => Mode {
+            redundant: true,
+            ..base
+        },
+        "alpha1" => Mode { alpha: 1.0, ..base },
+        "alpha2" => Mode { alpha: 2.0, ..base },
+        "alpha4" => Mode { alpha: 4.0, ..base },
+        "all-sync" => every(0.0),
+        "all-a1" => every(1.0),
+        "all" => every(2.0),
+        _ => return None,
+    })
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub workloads: Vec<Workload>,
+    /// Mode names; `None` runs each workload's defaults. `sync` is always run (speed-ups
+    /// are relative to it).
+    pub modes: Option<Vec<String>>,
+    /// Runs per mode; the table shows min / median / max.
+    pub repeats: usize,
+    /// Training steps per run (overrides the workload's `train.steps`).
+    pub steps: Option<usize>,
+    /// Extra `--set key=value` overrides, applied to every workload after its own.
+    pub sets: Vec<String>,
+    /// Where the warm-up cache, `bench.csv`, `bench.md` and the charts go.
+    pub out: PathBuf,
+    /// Print one line per run.
+    pub verbose: bool,
+}
+
+/// One run of one mode.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measurement {
+    pub repeat: usize,
+    /// Trained samples per second in the measurement window (see
+    /// [`Measurement::from_report`]).
+    pub samples_per_s: f64,
+    /// Trained model (response) tokens per second, same window.
+    pub tokens_per_s: f64,
+    /// The window's length in seconds.
+    pub window_s: f64,
+    /// Trained samples per second from the start to the last publication.
+    pub run_samples_per_s: f64,
+    pub steps: usize,
+    pub trained: u64,
+    /// Mean model tokens per trained sample (in the window).
+    pub mean_response_tokens: f64,
+    /// Fraction of the wall time in which some rollout group was generating (not paused
+    /// for a weight sync, not blocked by admission).
+    pub rollout_busy: f64,
+    /// Fraction of the wall time the trainer spent in training steps.
+    pub trainer_busy: f64,
+    /// Largest staleness (version − start version) of any trained sample.
+    pub staleness_max: u64,
+    /// Mean staleness over trained samples.
+    pub staleness_mean: f64,
+    pub accounting: rollflash_core::buffer::Accounting,
+}
+
+impl Measurement {
+    /// From a run's step records. With three or more steps the window is steady state:
+    /// from the first weight publication to the last, so the fill at the start (an async
+    /// mode generates up to α + 1 batches before its first step ends) and the aborted
+    /// surplus at the end weigh on no mode; `run_samples_per_s` keeps the whole run.
+    fn from_report(report: &RunReport, repeat: usize) -> Self {
+        let steps = &report.steps;
+        let last = steps
+            .last()
+            .map_or(report.wall, |s| s.elapsed)
+            .as_secs_f64();
+        let (window, from) = match steps.first() {
+            Some(first) if steps.len() >= 3 => (last - first.elapsed.as_secs_f64(), 1),
+            _ => (last, 0),
+        };
+        let window = window.max(1e-9);
+        let counted = &steps[from.min(steps.len())..];
+        let samples: usize = counted.iter().map(|s| s.samples).sum();
+        let tokens: usize = counted.iter().map(|s| s.tokens).sum();
+        let idle: f64 = counted.iter().map(|s| s.rollout_idle.as_secs_f64()).sum();
+        let train: f64 = counted.iter().map(|s| s.train.as_secs_f64()).sum();
+        let all_samples: usize = steps.iter().map(|s| s.samples).sum();
+        let stale_sum: f64 = steps.iter().map(|s| s.staleness * s.samples as f64).sum();
+        Measurement {
+            repeat,
+            samples_per_s: samples as f64 / window,
+            tokens_per_s: tokens as f64 / window,
+            window_s: window,
+            run_samples_per_s: all_samples as f64 / last.max(1e-9),
+            steps: steps.len(),
+            trained: all_samples as u64,
+            mean_response_tokens: tokens as f64 / samples.max(1) as f64,
+            rollout_busy: (1.0 - idle / window).clamp(0.0, 1.0),
+            trainer_busy: (train / window).clamp(0.0, 1.0),
+            staleness_max: steps.iter().map(|s| s.staleness_max).max().unwrap_or(0),
+            staleness_mean: stale_sum / all_samples.max(1) as f64,
+            accounting: report.accounting,
+        }
+    }
+}
+
+/// All runs of one mode on one workload.
+#[derive(Debug, Clone)]
+pub struct ModeResult {
+    pub workload: Workload,
+    pub mode: Mode,
+    pub runs: Vec<Measurement>,
+}
+
+/// Min, median and max.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    pub min: f64,
+    pub median: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    /// Of `xs` (all zero when empty).
+    pub fn of(xs: impl IntoIterator<Item = f64>) -> Spread {
+        let mut v: Vec<f64> = xs.into_iter().collect();
+        if v.is_empty() {
+            return Spread {
+                min: 0.0,
+                median: 0.0,
+                max: 0.0,
+            };
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Spread {
+            min: v[0],
+            median,
+            max: v[n - 1],
+        }
+    }
+}
+
+impl ModeResult {
+    /// Samples/s over the repeats.
+    pub fn samples_per_s(&self) -> Spread {
+        Spread::of(self.runs.iter().map(|m| m.samples_per_s))
+    }
+}
+
+/// Everything one `rollflash bench` measured.
+#[derive(Debug, Clone)]
+pub struct BenchReport {
+    pub results: Vec<ModeResult>,
+    /// The settings each workload ran with (its `--set` list).
+    pub settings: Vec<(Workload, Vec<String>)>,
+    pub repeats: usize,
+}
+
+impl BenchReport {
+    /// The result of `mode` on `workload`.
+    pub fn get(&self, workload: Workload, mode: &str) -> Option<&ModeResult> {
+        self.results
+            .iter()
+            .find(|r| r.workload == workload && r.mode.name == mode)
+    }
+
+    /// Speed-up of `r` over its workload's `sync`: the ratio of medians, and the range of
+    /// the ratios of runs paired by repeat.
+    pub fn speedup(&self, r: &ModeResult) -> Option<Spread> {
+        let base = self.get(r.workload, "sync")?;
+        let b = base.samples_per_s().median;
+        if b <= 0.0 {
+            return None;
+        }
+        let paired = Spread::of(
+            r.runs
+                .iter()
+                .zip(&base.runs)
+                .map(|(m, s)| m.samples_per_s / s.samples_per_s.max(1e-9)),
+        );
+        Some(Spread {
+            median: r.samples_per_s().median / b,
+            ..paired
+        })
+    }
+
+    /// The table as Markdown, one block per workload.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        for (w, sets) in &self.settings {
+            s.push_str(&format!(
+                "### {} ({} repeats; min / median / max)\n\nsettings: `{}`\n\n",
+                w.name(),
+                self.repeats,
+                sets.join(" ")
+            ));
+            s.push_str(
+                "| mode | α | Q | R | E | D | samples/s | tokens/s | speed-up | rollout busy | trainer busy | staleness max | staleness mean | resp. tokens | accounting |\n",
+            );
+            s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+            for r in self.results.iter().filter(|r| r.workload == *w) {
+                let sp = self.speedup(r);
+                let tick = |b: bool| if b { "✓" } else { "·" };
+                let acc = r.runs.iter().fold((0u64, 0u64, true), |a, m| {
+                    (
+                        a.0 + m.accounting.started,
+                        a.1 + m.accounting.trained,
+                        a.2 && m.accounting.balanced(),
+                    )
+                });
+                s.push_str(&format!(
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} started, {} trained{} |\n",
+                    r.mode.name,
+                    r.mode.alpha,
+                    tick(r.mode.queue),
+                    tick(r.mode.replicate),
+                    tick(r.mode.env_async),
+                    tick(r.mode.redundant),
+                    fmt3(r.samples_per_s(), 1),
+                    fmt3(Spread::of(r.runs.iter().map(|m| m.tokens_per_s)), 0),
+                    sp.map_or("–".into(), |x| format!(
+                        "**{:.2}×** ({:.2}–{:.2})",
+                        x.median, x.min, x.max
+                    )),
+                    fmt3(Spread::of(r.runs.iter().map(|m| m.rollout_busy)), 2),
+                    fmt3(Spread::of(r.runs.iter().map(|m| m.trainer_busy)), 2),
+                    r.runs.iter().map(|m| m.staleness_max).max().unwrap_or(0),
+                    fmt3(Spread::of(r.runs.iter().map(|m| m.staleness_mean)), 2),
+                    Spread::of(r.runs.iter().map(|m| m.mean_response_tokens)).median,
+                    acc.0,
+                    acc.1,
+                    if acc.2 { ", balanced" } else { ", NOT balanced" },
+                ));
+            }
+            s.push_str(
+                "\nQ queue scheduling, R prompt replication, E environment-level async, D redundant environments (✓ on, · off).\n\n",
+            );
+        }
+        s
+    }
+
+    /// One CSV row per run.
+    pub fn csv(&self) -> String {
+        let mut s = String::from(
+            "workload,mode,alpha,queue,replicate,env_async,redundant,repeat,samples_per_s,tokens_per_s,window_s,run_samples_per_s,steps,trained,mean_response_tokens,rollout_busy,trainer_busy,staleness_max,staleness_mean,started,aborted,failed,dropped_stale,balanced\n",
+        );
+        for r in &self.results {
+            for m in &r.runs {
+                let a = &m.accounting;
+                s.push_str(&format!(
+                    "{},{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{:.3},{},{},{:.1},{:.4},{:.4},{},{:.4},{},{},{},{},{}\n",
+                    r.workload.name(),
+                    r.mode.name,
+                    r.mode.alpha,
+                    r.mode.queue,
+                    r.mode.replicate,
+                    r.mode.env_async,
+                    r.mode.redundant,
+                    m.repeat,
+                    m.samples_per_s,
+                    m.tokens_per_s,
+                    m.window_s,
+                    m.run_samples_per_s,
+                    m.steps,
+                    m.trained,
+                    m.mean_response_tokens,
+                    m.rollout_busy,
+                    m.trainer_busy,
+                    m.staleness_max,
+                    m.staleness_mean,
+                    a.started,
+                    a.aborted,
+                    a.failed,
+                    a.dropped_stale,
+                    a.balanced(),
+                ));
+            }
+        }
+        s
+    }
+
+    /// Writes `bench.md`, `bench.csv` and `speedup_vs_alpha.png` (samples/s over α for the
+    /// `sync` / `alphaN` modes of each workload, when at least two were run) under `dir`.
+    pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
+        std::fs::create_dir_all(dir).map_err(|source| BenchError::Io {
+            what: "cannot create",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let mut written = Vec::new();
+        for (name, text) in [("bench.md", self.markdown()), ("bench.csv", self.csv())] {
+            let path = dir.join(name);
+            std::fs::write(&path, text).map_err(|source| BenchError::Io {
+                what: "cannot write",
+                path: path.clone(),
+                source,
+            })?;
+            written.push(path);
+        }
+        let mut chart = rollflash_plot::Chart::new(
+            "Speed-up over synchronous vs α (mechanism α alone)",
+            "α",
+            "speed-up (median samples/s ÷ sync)",
+        );
+        for (w, _) in &self.settings {
+            let points: Vec<(f64, f64)> = self
+                .results
+                .iter()
+                .filter(|r| {
+                    r.workload == *w && (r.mode.name == "sync" || r.mode.name.starts_with("alpha"))
+                })
+                .filter_map(|r| Some((r.mode.alpha, self.speedup(r)?.median)))
+                .collect();
+            if points.len() >= 2 {
+                chart = chart.with(rollflash_plot::Series::new(w.name(), points));
+            }
+        }
+        if !chart.series.is_empty() {
+            let path = dir.join("speedup_vs_alpha.png");
+            rollflash_plot::line_chart(&path, &chart)?;
+            written.push(path);
+        }
+        Ok(written)
+    }
+}
+
+fn fmt3(s: Spread, decimals: usize) -> String {
+    format!(
+        "{:.d$} / {:.d$} / {:.d$}",
+        s.min,
+        s.median,
+        s.max,
+        d = decimals
+    )
+}
+
+/// The policy every mode of a workload starts from.
+struct Policy {
+    model_cfg: ModelConfig,
+    weights: Weights,
+    tokenizer: Arc<Tokenizer>,
+}
+
+/// The built-in model from the config's seed, after the math warm-up when `warmup.steps`
+/// asks for one (cached under `out`, as `rollflash train` caches it).
+fn prepare_policy(cfg: &TrainConfig, out: &Path) -> Result<Policy, BenchError> {
+    let device = Device::Cpu;
+    let tokenizer = Tokenizer::builtin();
+    let eos = tokenizer
+        .eos_token_id()
+        .ok_or_else(|| BenchError::Invalid("built-in tokenizer has no eos".into()))?;
+    let model_cfg = ModelConfig::builtin_default(tokenizer.vocab_size(), eos);
+    let mut weights = Weights::random(&model_cfg, cfg.seed, DType::F32, &device)?;
+    if let (EnvConfig::Math(task_cfg), true) = (&cfg.env.env, cfg.warmup.steps > 0) {
+        let cache = out.join(format!("warmup-{:016x}", crate::warmup::cache_key(cfg)));
+        if cache.join("model.safetensors").exists() {
+            weights = rollflash_model::hf::load_weights(&cache, &device)?;
+            println!("warm-up: reused {}", cache.display());
+        } else {
+            let model = TrainableModel::new(&model_cfg, &weights, DType::F32, &device)?;
+            let task = MathTask::new(task_cfg.clone())
+                .map_err(|e| BenchError::Invalid(format!("env: {e}")))?;
+            crate::warmup::run(&model, &tokenizer, &task, cfg)?;
+            weights = model.weights();
+            rollflash_model::hf::save_dir(&cache, &model_cfg, &weights, Some(&tokenizer))?;
+        }
+    }
+    Ok(Policy {
+        model_cfg,
+        weights,
+        tokenizer: Arc::new(tokenizer),
+    })
+}
+
+/// Runs every requested mode of every workload `repeats` times, interleaved (each round
+/// runs every mode once, in alternating order, so drift in the machine's load spreads over
+/// all modes), and writes the results under `opts.out`.
+pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
+    let mut plan: Vec<(Workload, TrainConfig, Policy, Vec<Mode>)> = Vec::new();
+    let mut settings = Vec::new();
+    for &w in &opts.workloads {
+        let mut sets = w.sets();
+        if let Some(steps) = opts.steps {
+            sets.push(format!("train.steps={steps}"));
+        }
+        sets.extend(opts.sets.iter().cloned());
+        let mut cfg = TrainConfig::load(None, &sets)?;
+        cfg.output_dir = opts.out.clone();
+        let names: Vec<String> = match &opts.modes {
+            Some(m) => m.clone(),
+            None => w.default_modes().iter().map(|s| (*s).to_string()).collect(),
+        };
+        let mut modes = vec![mode("sync").ok_or_else(|| BenchError::UnknownMode("sync".into()))?];
+        for n in names {
+            let m = mode(&n).ok_or_else(|| BenchError::UnknownMode(n.clone()))?;
+            if !modes.iter().any(|x| x.name == m.name) {
+                modes.push(m);
+            }
+        }
+        let started = Instant::now();
+        let policy = tokio::task::block_in_place(|| prepare_policy(&cfg, &opts.out))?;
+        if cfg.warmup.steps > 0 {
+            println!(
+                "{}: policy ready in {:.0}s",
+                w.name(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        settings.push((w, sets));
+        plan.push((w, cfg, policy, modes));
+    }
+    let mut results: Vec<ModeResult> = plan
+        .iter()
+        .flat_map(|(w, _, _, modes)| {
+            modes.iter().map(|m| ModeResult {
+                workload: *w,
+                mode: m.clone(),
+                runs: Vec::new(),
+            })
+        })
+        .collect();
+    let repeats = opts.repeats.max(1);
+    for r in 0..repeats {
+        let mut order: Vec<usize> = (0..results.len()).collect();
+        if r % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            let (w, m) = (results[i].workload, results[i].mode.clone());
+            let Some((_, cfg, policy, _)) = plan.iter().find(|p| p.0 == w) else {
+                continue;
+            };
+            let t0 = Instant::now();
+            let meas = run_mode(cfg, &m, policy, r).await?;
+            if opts.verbose {
+                println!(
+                    "[{} {}/{}] {:<10} {:>7.2} samples/s {:>8.0} tokens/s  rollout busy {:.2}  trainer busy {:.2}  staleness max {} mean {:.2}  ({:.1}s)",
+                    w.name(),
+                    r + 1,
+                    repeats,
+                    m.name,
+                    meas.samples_per_s,
+                    meas.tokens_per_s,
+                    meas.rollout_busy,
+                    meas.trainer_busy,
+                    meas.staleness_max,
+                    meas.staleness_mean,
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+            results[i].runs.push(meas);
+        }
+    }
+    Ok(BenchReport {
+        results,
+        settings,
+        repeats,
+    })
+}
+
+/// One run of `mode` on the workload `cfg` describes, from `policy`.
+async fn run_mode(
+    cfg: &TrainConfig,
+    mode: &Mode,
+    policy: &Policy,
+    repeat: usize,
+) -> Result<Measurement, BenchError> {
+    let device = Device::Cpu;
+    let r = &cfg.rollout;
+    let mut buffer = cfg.buffer.clone();
+    buffer.alpha = mode.alpha;
+    buffer.barrier = mode.alpha == 0.0;
+    let redundancy = if mode.redundant {
+        r.group_size_redundancy
+    } else {
+        0
+    };
+    let model = TrainableModel::new(&policy.model_cfg, &policy.weights, DType::F32, &device)?;
+    let snapshot = Arc::new(model.snapshot()?);
+    let version = PolicyVersion(0);
+    let mut backends = Vec::new();
+    for i in 0..r.engines {
+        let engine: Arc<dyn Backend> = Arc::new(EngineBackend::start(
+            Arc::clone(&snapshot),
+            version,
+            EngineBackendConfig {
+                name: format!("engine-{i}"),
+                engine: EngineConfig {
+                    max_running_requests: r.max_running_requests,
+                    threads: r.engine_threads,
+                    ..Default::default()
+                },
+            },
+        )?);
+        let backend: Arc<dyn Backend> = if mode.queue {
+            engine
+        } else {
+            Arc::new(WaveBackend::new(engine, r.max_running_requests))
+        };
+        backends.push(BackendEntry {
+            backend,
+            max_running_requests: r.max_running_requests,
+        });
+    }
+    let routing = rollflash_core::proxy::routing_policy(&r.routing)
+        .ok_or_else(|| BenchError::Invalid(format!("unknown routing {}", r.routing)))?;
+    let proxy = LlmProxy::start(backends, routing, ProxyConfig::default());
+    let (vtx, vrx) = tokio::sync::watch::channel(version);
+    let sampling = SamplingParams {
+        temperature: r.temperature,
+        top_p: r.top_p,
+        max_new_tokens: r.max_new_tokens,
+        stop_token_ids: policy.tokenizer.eos_token_id().into_iter().collect(),
+        seed: Some(cfg.seed.wrapping_add(repeat as u64)),
+        ..Default::default()
+    };
+    let envs = EnvManager::new(
+        proxy.handle(),
+        Arc::clone(&policy.tokenizer),
+        Renderer::Plain {
+            separator: "\n".into(),
+        },
+        EnvManagerConfig {
+            max_turns: r.max_turns,
+            max_total_tokens: r.max_total_tokens,
+            sampling,
+            step_timeout: std::time::Duration::from_secs_f64(r.step_timeout_secs),
+        },
+        vrx,
+    )
+    .with_replication(if mode.replicate {
+        Replication::Expand
+    } else {
+        Replication::PerRequest
+    });
+    let spec = cfg.env.clone();
+    spec.validate()?;
+    let make: EnvFactory = if mode.env_async {
+        Arc::new(move || make_env(&spec))
+    } else {
+        let slots = Arc::new(Semaphore::new(r.engines * r.max_running_requests));
+        Arc::new(move || {
+            Ok(Box::new(SlotEnv {
+                inner: make_env(&spec)?,
+                slots: Arc::clone(&slots),
+                permit: None,
+            }) as Box<dyn Env>)
+        })
+    };
+    let learner = PolicyLearner::new(
+        model,
+        LearnerConfig {
+            optimizer: OptimizerConfig {
+                lr: cfg.train.lr,
+                beta1: cfg.train.adam_beta1,
+                beta2: cfg.train.adam_beta2,
+                eps: cfg.train.adam_eps,
+                weight_decay: cfg.train.weight_decay,
+                max_grad_norm: Some(cfg.train.max_grad_norm),
+                warmup_steps: cfg.train.lr_warmup_steps,
+                total_steps: 0,
+                ..Default::default()
+            },
+            loss: cfg.train.loss.clone(),
+            advantage: cfg.train.advantage,
+            temperature: r.temperature,
+            threads: cfg.train.threads,
+            micro_batch_size: cfg.train.micro_batch_size,
+        },
+    )?;
+    let ctl = AsyncController::new(
+        ControllerConfig {
+            buffer,
+            redundancy,
+            steps: cfg.train.steps,
+            pause_mode: cfg.controller.pause_mode,
+            // The same task stream in every mode of a repeat.
+            seed: cfg
+                .seed
+                .wrapping_mul(1_000_003)
+                .wrapping_add(repeat as u64 * 1_000_000),
+        },
+        proxy.handle(),
+        envs,
+        make,
+        vtx,
+        learner,
+    )?
+    .with_success_threshold(success_threshold(&cfg.env.env));
+    let outcome = ctl.run().await;
+    // Shut the engines down whatever happened, then report.
+    proxy.shutdown().await?;
+    Ok(Measurement::from_report(&outcome?, repeat))
+}
+
+/// Batch-synchronous generation in front of a backend: requests are served in static
+/// batches ("waves") of up to `cap`. A wave admits requests until it is full; once full it
+/// admits nothing until every member finished, so a wave lasts as long as its slowest
+/// response — what `generate(list_of_prompts)` with a batch size does, and what queue
+/// scheduling removes. Waiting requests hold the proxy's slot on this backend, as they
+/// would be part of the caller's batch.
+pub struct WaveBackend {
+    inner: Arc<dyn Backend>,
+    cap: usize,
+    /// A tiny critical section (counters and a map), never held across an await.
+    state: Mutex<WaveState>,
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct WaveState {
+    /// Requests of the current wave still generating.
+    members: usize,
+    /// The wave reached `cap`: no one joins until it drains.
+    full: bool,
+    /// Requests waiting for the next wave, and whether they were aborted meanwhile.
+    waiting: HashMap<RequestId, bool>,
+}
+
+impl WaveBackend {
+    /// Static batches of up to `cap` requests in front of `inner`.
+    pub fn new(inner: Arc<dyn Backend>, cap: usize) -> Self {
+        WaveBackend {
+            inner,
+            cap: cap.max(1),
+            state: Mutex::new(WaveState::default()),
+            changed: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, WaveState> {
+        // A panic while holding this lock leaves plain counters behind; keep going.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits for a place in a wave; `false` when the request was aborted while waiting.
+    async fn join_wave(&self, id: RequestId) -> bool {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut s = self.lock();
+                if s.waiting.get(&id) == Some(&true) {
+                    s.waiting.remove(&id);
+                    return false;
+                }
+                if !s.full && s.members < self.cap {
+                    s.waiting.remove(&id);
+                    s.members += 1;
+                    s.full = s.members == self.cap;
+                    return true;
+                }
+                s.waiting.entry(id).or_insert(false);
+            }
+            notified.await;
+        }
+    }
+
+    fn leave_wave(&self) {
+        {
+            let mut s = self.lock();
+            s.members = s.members.saturating_sub(1);
+            if s.members == 0 {
+                s.full = false;
+            }
+        }
+        self.changed.notify_waiters();
+    }
+}
+
+/// Leaves the wave when dropped, so a cancelled `generate` cannot wedge it.
+struct WaveGuard<'a>(&'a WaveBackend);
+
+impl Drop for WaveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.leave_wave();
+    }
+}
+
+#[async_trait]
+impl Backend for WaveBackend {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
+        if !self.join_wave(req.id).await {
+            // Aborted before it started: the output so far is what it resumed from.
+            let output = req.resume.clone().unwrap_or_default();
+            return Ok(GenOutput {
+                id: req.id,
+                prompt_len: req.prompt.len(),
+                output,
+                finish_reason: FinishReason::Aborted,
+                start_version: req.start_version,
+            });
+        }
+        let _guard = WaveGuard(self);
+        self.inner.generate(req).await
+    }
+
+    async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
+        let waiting = {
+            let mut s = self.lock();
+            match s.waiting.get_mut(&id) {
+                Some(a) => {
+                    *a = true;
+                    true
+                }
+                None => false,
+            }
+        };
+        if waiting {
+            self.changed.notify_waiters();
+            return Ok(());
+        }
+        self.inner.abort(id).await
+    }
+
+    async fn pause(&self, mode: PauseMode) -> Result<(), BackendError> {
+        if mode == PauseMode::Abort {
+            // Everything in flight comes back aborted, the not-yet-started included.
+            {
+                let mut s = self.lock();
+                for a in s.waiting.values_mut() {
+                    *a = true;
+                }
+            }
+            self.changed.notify_waiters();
+        }
+        self.inner.pause(mode).await
+    }
+
+    async fn resume(&self) -> Result<(), BackendError> {
+        self.inner.resume().await
+    }
+
+    async fn update_weights(&self, update: &WeightUpdate) -> Result<(), BackendError> {
+        self.inner.update_weights(update).await
+    }
+
+    async fn load(&self) -> Result<BackendLoad, BackendError> {
+        self.inner.load().await
+    }
+
+    async fn health(&self) -> Result<(), BackendError> {
+        self.inner.health().await
+    }
+}
+
+/// An environment whose trajectory holds one generation slot from `reset` until it ends
+/// (the environment is dropped), waits on the environment included: environment-level
+/// asynchrony turned off. The slots are the engines' `max_running_requests` in total, so
+/// while some trajectories sleep in their environments, fewer generate.
+pub struct SlotEnv {
+    inner: Box<dyn Env>,
+    slots: Arc<Semaphore>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+#[async_trait]
+impl Env for SlotEnv {
+    async fn reset(&mut self, seed: u64) -> Result<Reset, EnvError> {
+        if self.permit.is_none() {
+            let p = Arc::clone(&self.slots)
+                .acquire_owned()
+                .await
+                .map_err(|e| EnvError::Failed(format!("slot: {e}")))?;
+            self.permit = Some(p);
+        }
+        self.inner.reset(seed).await
+    }
+
+    async fn step(&mut self, action: &str) -> Result<Step, EnvError> {
+        self.inner.step(action).await
+    }
+}
