@@ -21,6 +21,15 @@ pub enum ModelError {
         source: std::io::Error,
     },
 
+    /// A safetensors file is corrupt or truncated.
+    #[error("cannot read safetensors file {path}")]
+    Safetensors {
+        path: PathBuf,
+        /// Boxed: keeps `ModelError` (and every error that wraps it) small.
+        #[source]
+        source: Box<candle_core::Error>,
+    },
+
     /// A JSON file did not parse.
     #[error("invalid JSON in {path}")]
     Json {

@@ -119,7 +119,11 @@ impl Weights {
                     name: p.display().to_string(),
                     dtype: format!("{d:?}"),
                 },
-                other => ModelError::Tensor(other),
+                // Name the file: candle's message alone ("incomplete metadata") does not.
+                source => ModelError::Safetensors {
+                    path: p.clone(),
+                    source: Box::new(source),
+                },
             })?;
             for (k, t) in part {
                 let t = match t.dtype() {

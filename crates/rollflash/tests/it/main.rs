@@ -4,13 +4,17 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod bad_models;
 mod bench_rl;
 mod config;
 mod controller;
 mod env_serve;
 mod eval;
 mod faults;
+mod fuzz_config;
 mod learner;
 mod prometheus;
 mod resume;
+mod secrets;
 mod serve;
+mod serve_faults;
