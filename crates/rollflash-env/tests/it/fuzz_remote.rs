@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use rollflash_env::remote::{serve, EnvServerConfig, ErrorBody};
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
@@ -200,11 +200,15 @@ fn fuzz<S: Strategy>(
         .timeout(std::time::Duration::from_secs(60))
         .build()
         .unwrap();
-    let mut runner = TestRunner::new(Config {
-        cases: cases(),
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = TestRunner::new_with_rng(
+        Config {
+            cases: cases(),
+            failure_persistence: None,
+            ..Config::default()
+        },
+        // Seeded: the same cases on every run (`ROLLFLASH_FUZZ_CASES` explores further).
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
     let t0 = Instant::now();
     let sent = std::cell::Cell::new(0u64);
     let result = runner.run(&strategy, |v| {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use rollflash_rollout::{Backend, ServerConfig, WeightsAccess};
 use serde_json::{json, Map, Value};
 
@@ -201,15 +201,22 @@ fn fuzz<S: Strategy>(
     to_requests: impl Fn(S::Value) -> Vec<(reqwest::Method, String, Vec<u8>)>,
 ) {
     // A hang is a failure, not a stuck test.
+    // No connection reuse: every request proves the server still accepts connections (a
+    // pooled connection the server closed after a 413 would fail on the client side).
     let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
         .timeout(std::time::Duration::from_secs(60))
         .build()
         .unwrap();
-    let mut runner = TestRunner::new(Config {
-        cases: cases(),
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = TestRunner::new_with_rng(
+        Config {
+            cases: cases(),
+            failure_persistence: None,
+            ..Config::default()
+        },
+        // Seeded: the same cases on every run (`ROLLFLASH_FUZZ_CASES` explores further).
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
     let t0 = Instant::now();
     let sent = std::cell::Cell::new(0u64);
     let result = runner.run(&strategy, |v| {

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use rollflash::config::TrainConfig;
 
 fn cases() -> u32 {
@@ -142,11 +142,15 @@ fn check(result: Result<TrainConfig, String>, input: &str) -> Result<(), TestCas
 }
 
 fn run<S: Strategy>(name: &str, s: S, f: impl Fn(S::Value) -> Result<(), TestCaseError>) {
-    let mut runner = TestRunner::new(Config {
-        cases: cases(),
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = TestRunner::new_with_rng(
+        Config {
+            cases: cases(),
+            failure_persistence: None,
+            ..Config::default()
+        },
+        // Seeded: the same cases on every run (`ROLLFLASH_FUZZ_CASES` explores further).
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
     let t0 = Instant::now();
     let r = runner.run(&s, f);
     eprintln!(
@@ -211,4 +215,14 @@ fn fuzz_mutated_config_files() {
             .map_err(|_| TestCaseError::fail(format!("load panicked on:\n{text}")))?;
         check(r, &text)
     });
+}
+
+/// Found by the long `--set` run (20 000 cases): `env.product_prob = nan` is accepted (the
+/// math task's validation compares ranges, which NaN passes) and then fails to round-trip.
+/// The fix belongs to `rollflash-env/src/math_task.rs`; un-ignore this when it lands.
+#[test]
+#[ignore = "known bug: MathTaskConfig accepts NaN product_prob"]
+fn nan_product_prob_is_refused() {
+    let e = TrainConfig::load(None, &["env.product_prob=nan".to_string()]).unwrap_err();
+    assert!(e.to_string().contains("product_prob"), "{e}");
 }
