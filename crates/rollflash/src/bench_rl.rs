@@ -25,8 +25,8 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use candle_core::{DType, Device};
-use rollflash_core::{FinishReason, GenOutput, GenRequest, PauseMode, PolicyVersion, RequestId};
 use rollflash_core::SamplingParams;
+use rollflash_core::{FinishReason, GenOutput, GenRequest, PauseMode, PolicyVersion, RequestId};
 use rollflash_env::envs::{make_env, EnvConfig};
 use rollflash_env::math_task::MathTask;
 use rollflash_env::{Env, EnvError, Reset, Step};
