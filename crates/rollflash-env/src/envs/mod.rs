@@ -109,8 +109,9 @@ impl EnvSpec {
             other => other,
         };
         match &self.env {
-            // The math task validates in its constructor; `make_env` surfaces that error.
-            EnvConfig::Math(_) => {}
+            // Checked here too, not only in `MathTask::new`: a config must be refused when it is
+            // loaded, before any warm-up runs (a NaN `product_prob` used to get through).
+            EnvConfig::Math(c) => c.validate().map_err(|e| prefixed(e.into(), "math"))?,
             EnvConfig::FrozenLake(c) => c.validate().map_err(|e| prefixed(e, "frozen_lake"))?,
             EnvConfig::Sokoban(c) => c.validate().map_err(|e| prefixed(e, "sokoban"))?,
             EnvConfig::ToolUse(c) => c.validate().map_err(|e| prefixed(e, "tool_use"))?,

@@ -219,9 +219,8 @@ fn fuzz_mutated_config_files() {
 
 /// Found by the long `--set` run (20 000 cases): `env.product_prob = nan` is accepted (the
 /// math task's validation compares ranges, which NaN passes) and then fails to round-trip.
-/// The fix belongs to `rollflash-env/src/math_task.rs`; un-ignore this when it lands.
+/// Fixed: `EnvSpec::validate` now runs the math task's own checks.
 #[test]
-#[ignore = "known bug: MathTaskConfig accepts NaN product_prob"]
 fn nan_product_prob_is_refused() {
     let e = TrainConfig::load(None, &["env.product_prob=nan".to_string()]).unwrap_err();
     assert!(e.to_string().contains("product_prob"), "{e}");
