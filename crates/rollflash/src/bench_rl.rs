@@ -33,7 +33,7 @@ use rollflash_env::{Env, EnvError, Reset, Step};
 use rollflash_model::config::ModelConfig;
 use rollflash_model::engine::EngineConfig;
 use rollflash_model::tokenizer::Tokenizer;
-use rollflash_model::train::{OptimizerConfig, TrainableModel};
+use rollflash_model::train::TrainableModel;
 use rollflash_model::weights::Weights;
 use rollflash_rollout::{
     Backend, BackendEntry, BackendError, BackendLoad, EngineBackend, EngineBackendConfig,
@@ -44,7 +44,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{ConfigError, TrainConfig};
 use crate::controller::{AsyncController, ControllerConfig, RunReport};
-use crate::learner::{LearnerConfig, PolicyLearner};
+use crate::learner::PolicyLearner;
 use crate::pipeline::{success_threshold, PipelineError};
 
 /// Why a benchmark could not run.
@@ -790,27 +790,9 @@ async fn run_mode(
             }) as Box<dyn Env>)
         })
     };
-    let learner = PolicyLearner::new(
-        model,
-        LearnerConfig {
-            optimizer: OptimizerConfig {
-                lr: cfg.train.lr,
-                beta1: cfg.train.adam_beta1,
-                beta2: cfg.train.adam_beta2,
-                eps: cfg.train.adam_eps,
-                weight_decay: cfg.train.weight_decay,
-                max_grad_norm: Some(cfg.train.max_grad_norm),
-                warmup_steps: cfg.train.lr_warmup_steps,
-                total_steps: 0,
-                ..Default::default()
-            },
-            loss: cfg.train.loss.clone(),
-            advantage: cfg.train.advantage,
-            temperature: r.temperature,
-            threads: cfg.train.threads,
-            micro_batch_size: cfg.train.micro_batch_size,
-        },
-    )?;
+    let mut learner_cfg = cfg.learner_config();
+    learner_cfg.temperature = r.temperature;
+    let learner = PolicyLearner::new(model, learner_cfg)?;
     let ctl = AsyncController::new(
         ControllerConfig {
             buffer,

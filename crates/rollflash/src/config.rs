@@ -313,6 +313,30 @@ impl TrainConfig {
         toml::to_string_pretty(self).map_err(|e| ConfigError::Parse(e.to_string()))
     }
 
+    /// The learner's settings: `[train]` with the rollout temperature the log-probs are
+    /// re-computed under. One place, so train, bench and sim train alike.
+    pub fn learner_config(&self) -> crate::learner::LearnerConfig {
+        let t = &self.train;
+        crate::learner::LearnerConfig {
+            optimizer: rollflash_model::train::OptimizerConfig {
+                lr: t.lr,
+                beta1: t.adam_beta1,
+                beta2: t.adam_beta2,
+                eps: t.adam_eps,
+                weight_decay: t.weight_decay,
+                max_grad_norm: Some(t.max_grad_norm),
+                warmup_steps: t.lr_warmup_steps,
+                total_steps: 0,
+                ..Default::default()
+            },
+            loss: t.loss.clone(),
+            advantage: t.advantage,
+            temperature: self.rollout.temperature,
+            threads: t.threads,
+            micro_batch_size: t.micro_batch_size,
+        }
+    }
+
     /// Every check serde cannot make. Errors name the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.buffer

@@ -19,7 +19,7 @@ use rollflash_model::chat::ChatTemplate;
 use rollflash_model::config::ModelConfig;
 use rollflash_model::engine::EngineConfig;
 use rollflash_model::tokenizer::Tokenizer;
-use rollflash_model::train::{OptimizerConfig, TrainableModel};
+use rollflash_model::train::TrainableModel;
 use rollflash_model::weights::Weights;
 use rollflash_rollout::{
     Backend, BackendEntry, EngineBackend, EngineBackendConfig, EnvFactory, EnvManager,
@@ -34,7 +34,7 @@ use crate::controller::{
     AsyncController, ControllerConfig, Cursor, ResumeFrom, RunReport, SinkError, StepRecord,
     StepSink,
 };
-use crate::learner::{LearnerConfig, PolicyLearner};
+use crate::learner::PolicyLearner;
 use crate::metrics::MetricsLog;
 use crate::progress::Progress;
 use crate::prometheus::{PromServer, SharedGauges};
@@ -483,28 +483,9 @@ pub async fn run_with(
         buffer.alpha = 0.0;
         buffer.barrier = true;
     }
-    let opt_cfg = OptimizerConfig {
-        lr: cfg.train.lr,
-        beta1: cfg.train.adam_beta1,
-        beta2: cfg.train.adam_beta2,
-        eps: cfg.train.adam_eps,
-        weight_decay: cfg.train.weight_decay,
-        max_grad_norm: Some(cfg.train.max_grad_norm),
-        warmup_steps: cfg.train.lr_warmup_steps,
-        total_steps: 0,
-        ..Default::default()
-    };
-    let mut learner = PolicyLearner::new(
-        model,
-        LearnerConfig {
-            optimizer: opt_cfg.clone(),
-            loss: cfg.train.loss.clone(),
-            advantage: cfg.train.advantage,
-            temperature: cfg.rollout.temperature,
-            threads: cfg.train.threads,
-            micro_batch_size: cfg.train.micro_batch_size,
-        },
-    )?;
+    let learner_cfg = cfg.learner_config();
+    let opt_cfg = learner_cfg.optimizer.clone();
+    let mut learner = PolicyLearner::new(model, learner_cfg)?;
     if let Some(r) = &resumed {
         learner.set_optimizer(r.optimizer(opt_cfg)?);
     }

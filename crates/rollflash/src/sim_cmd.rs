@@ -22,7 +22,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use clap::{Args, Subcommand};
 use rollflash::config::TrainConfig;
-use rollflash::learner::{LearnerConfig, PolicyLearner};
+use rollflash::learner::PolicyLearner;
 use rollflash::Learner;
 use rollflash_core::buffer::{Batch, BatchGroup, GroupKey};
 use rollflash_core::{PolicyVersion, RequestId, SamplingParams, Trajectory};
@@ -30,7 +30,7 @@ use rollflash_env::envs::make_env;
 use rollflash_model::config::ModelConfig;
 use rollflash_model::engine::{Engine, EngineConfig, EngineRequest};
 use rollflash_model::tokenizer::Tokenizer;
-use rollflash_model::train::{OptimizerConfig, TrainableModel};
+use rollflash_model::train::TrainableModel;
 use rollflash_model::weights::Weights;
 use rollflash_plot::{line_chart, Chart, Series};
 use rollflash_sim::scenario::{self, Scale};
@@ -563,24 +563,7 @@ fn time_learner(
     trajs: &[Trajectory],
 ) -> Result<(TrainCost, PolicyLearner, Batch<Trajectory>, usize)> {
     let model = TrainableModel::new(model_cfg, weights, DType::F32, &Device::Cpu)?;
-    let mut learner = PolicyLearner::new(
-        model,
-        LearnerConfig {
-            optimizer: OptimizerConfig {
-                lr: cfg.train.lr,
-                weight_decay: cfg.train.weight_decay,
-                max_grad_norm: Some(cfg.train.max_grad_norm),
-                warmup_steps: cfg.train.lr_warmup_steps,
-                total_steps: 0,
-                ..Default::default()
-            },
-            loss: cfg.train.loss.clone(),
-            advantage: cfg.train.advantage,
-            temperature: cfg.rollout.temperature,
-            threads: cfg.train.threads,
-            micro_batch_size: cfg.train.micro_batch_size,
-        },
-    )?;
+    let mut learner = PolicyLearner::new(model, cfg.learner_config())?;
     let group = cfg.buffer.group_size.max(1);
     let full = cfg.buffer.groups_per_batch.max(2);
     let mut points = Vec::new();
