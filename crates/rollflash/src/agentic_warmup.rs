@@ -8,14 +8,12 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 use rollflash_env::envs::frozen_lake::{Lake, Tile};
 use rollflash_env::envs::{Direction, FrozenLake, FrozenLakeConfig};
 use rollflash_env::Env;
 use rollflash_model::tokenizer::Tokenizer;
-use rollflash_model::train::{
-    token_stats, AdamW, GradAccumulator, OptimizerConfig, TrainableModel,
-};
+use rollflash_model::train::{AdamW, OptimizerConfig, TrainableModel};
 
 use crate::config::TrainConfig;
 use crate::pipeline::PipelineError;
@@ -147,18 +145,8 @@ pub async fn run(
             seqs.push(ids);
         }
         let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-        let n_loss: f32 = mask.iter().sum::<f32>().max(1.0);
         let loss = tokio::task::block_in_place(|| {
-            pool.install(|| -> Result<f32, PipelineError> {
-                let s = token_stats(model.model(), &refs, 1.0, false)?;
-                let m = Tensor::from_vec(mask.clone(), s.logprobs.dims1()?, &device)?;
-                let loss = ((s.logprobs * m)?.sum_all()?.neg()? / f64::from(n_loss))?;
-                let grads = loss.backward()?;
-                let mut acc = GradAccumulator::default();
-                acc.add(model, &grads)?;
-                opt.step(model, &acc)?;
-                Ok(loss.to_scalar::<f32>()?)
-            })
+            pool.install(|| crate::warmup::supervised_step(model, &mut opt, &refs, &mask, &device))
         })?;
         if step % 50 == 0 || step + 1 == w.steps {
             println!(

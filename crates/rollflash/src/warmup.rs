@@ -60,17 +60,7 @@ pub fn run(
             seqs.push(ids);
         }
         let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-        let n_loss: f32 = mask.iter().sum();
-        let loss = pool.install(|| -> Result<f32, PipelineError> {
-            let s = token_stats(model.model(), &refs, 1.0, false)?;
-            let m = Tensor::from_vec(mask.clone(), s.logprobs.dims1()?, &device)?;
-            let loss = ((s.logprobs * m)?.sum_all()?.neg()? / f64::from(n_loss))?;
-            let grads = loss.backward()?;
-            let mut acc = GradAccumulator::default();
-            acc.add(model, &grads)?;
-            opt.step(model, &acc)?;
-            Ok(loss.to_scalar::<f32>()?)
-        })?;
+        let loss = pool.install(|| supervised_step(model, &mut opt, &refs, &mask, &device))?;
         if step % 50 == 0 || step + 1 == w.steps {
             println!(
                 "warm-up step {step:>4}  loss {loss:.4}  {:.0}s",
@@ -115,4 +105,24 @@ fn unit_hash(seed: u64, step: u64, i: u64) -> f64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
     (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// One next-token step: mean negative log-likelihood over the tokens `mask` marks, one
+/// AdamW update. Shared by the math and the agentic warm-ups.
+pub fn supervised_step(
+    model: &TrainableModel,
+    opt: &mut AdamW,
+    seqs: &[&[u32]],
+    mask: &[f32],
+    device: &Device,
+) -> Result<f32, PipelineError> {
+    let n_loss: f32 = mask.iter().sum::<f32>().max(1.0);
+    let s = token_stats(model.model(), seqs, 1.0, false)?;
+    let m = Tensor::from_vec(mask.to_vec(), s.logprobs.dims1()?, device)?;
+    let loss = ((s.logprobs * m)?.sum_all()?.neg()? / f64::from(n_loss))?;
+    let grads = loss.backward()?;
+    let mut acc = GradAccumulator::default();
+    acc.add(model, &grads)?;
+    opt.step(model, &acc)?;
+    Ok(loss.to_scalar::<f32>()?)
 }
