@@ -108,6 +108,7 @@ pub async fn run(
     tok: &Tokenizer,
     lake_cfg: &FrozenLakeConfig,
     cfg: &TrainConfig,
+    stop: &crate::StopFlag,
 ) -> Result<(), PipelineError> {
     let w = &cfg.warmup;
     let device = Device::Cpu;
@@ -127,6 +128,11 @@ pub async fn run(
         w.steps, w.batch_size
     );
     for step in 0..w.steps {
+        if stop.is_stopped() {
+            return Err(PipelineError::Interrupted {
+                phase: "the warm-up",
+            });
+        }
         let mut seqs = Vec::with_capacity(w.batch_size);
         let mut mask = Vec::new();
         for i in 0..w.batch_size {

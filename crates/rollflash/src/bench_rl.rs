@@ -603,7 +603,7 @@ fn prepare_policy(cfg: &TrainConfig, out: &Path) -> Result<Policy, BenchError> {
             let model = TrainableModel::new(&model_cfg, &weights, DType::F32, &device)?;
             let task = MathTask::new(task_cfg.clone())
                 .map_err(|e| BenchError::Invalid(format!("env: {e}")))?;
-            crate::warmup::run(&model, &tokenizer, &task, cfg)?;
+            crate::warmup::run(&model, &tokenizer, &task, cfg, &crate::StopFlag::new())?;
             weights = model.weights();
             rollflash_model::hf::save_dir(&cache, &model_cfg, &weights, Some(&tokenizer))?;
         }

@@ -185,6 +185,9 @@ pub struct RunReport {
     pub staleness: Vec<(u64, u64)>,
     /// Where the run ended (what a checkpoint of its end would hold).
     pub cursor: Cursor,
+    /// The run stopped before `steps` because a stop was asked for
+    /// ([`AsyncController::with_stop`]).
+    pub interrupted: bool,
 }
 
 impl RunReport {
@@ -212,6 +215,8 @@ pub struct AsyncController<L: Learner> {
     success_threshold: f64,
     /// Continue a checkpointed run instead of starting at version 0.
     resume: Option<ResumeFrom>,
+    /// Stop early when this is set.
+    stop: Option<crate::StopFlag>,
 }
 
 impl<L: Learner> std::fmt::Debug for AsyncController<L> {
@@ -244,6 +249,7 @@ impl<L: Learner> AsyncController<L> {
             learner: Some(Box::new(learner)),
             success_threshold: 1.0,
             resume: None,
+            stop: None,
         })
     }
 
@@ -259,6 +265,16 @@ impl<L: Learner> AsyncController<L> {
     /// learner and the backends must already hold that version's weights.
     pub fn resume_from(mut self, from: ResumeFrom) -> Self {
         self.resume = Some(from);
+        self
+    }
+
+    /// Stops the run early when `stop` is set: no new group starts, running groups are
+    /// aborted (their samples count as aborted), buffered samples are aborted, a training
+    /// step already running finishes and is published (so the learner and the backends
+    /// agree), and `run` returns with [`RunReport::interrupted`] set. Nothing the run
+    /// spawned is still running when it returns.
+    pub fn with_stop(mut self, stop: crate::StopFlag) -> Self {
+        self.stop = Some(stop);
         self
     }
 
@@ -302,10 +318,22 @@ impl<L: Learner> AsyncController<L> {
         let mut wait_since = Some(start);
         let mut rollout_idle = Duration::ZERO;
         let mut result = Ok(());
+        let stop = self.stop.clone().unwrap_or_default();
+        let mut stopping = false;
 
-        while done_before + steps.len() < self.cfg.steps {
+        while done_before + steps.len() < self.cfg.steps && !(stopping && training.is_none()) {
+            if !stopping && stop.is_stopped() {
+                stopping = true;
+                buffer.shutdown();
+                groups.abort_all();
+                tracing::info!("stop requested: aborting rollout, finishing the running step");
+                continue;
+            }
             // Admission: start every group the buffer allows now.
-            while let Some((key, _v)) = buffer.try_start(group_samples) {
+            while let Some((key, _v)) = (!stopping)
+                .then(|| buffer.try_start(group_samples))
+                .flatten()
+            {
                 let envs = self.envs.clone();
                 let make_env = Arc::clone(&self.make_env);
                 let seed = next_seed;
@@ -314,7 +342,7 @@ impl<L: Learner> AsyncController<L> {
                 groups.spawn(async move { (key, envs.run_group(make_env, seed, size, red).await) });
             }
             // Training: start a step as soon as a batch is ready.
-            if training.is_none() {
+            if training.is_none() && !stopping {
                 if let Some(batch) = buffer.take_batch() {
                     let waited = wait_since.take().map(|t| t.elapsed()).unwrap_or_default();
                     let Some(mut learner) = self.learner.take() else {
@@ -336,6 +364,7 @@ impl<L: Learner> AsyncController<L> {
             // Rollout is idle over this wait if no group runs while it lasts.
             let idle_since = (buffer.running_groups() == 0).then(Instant::now);
             tokio::select! {
+                _ = stop.stopped(), if !stopping => {}
                 Some(done) = groups.join_next() => {
                     if let Some(t) = idle_since {
                         rollout_idle += t.elapsed();
@@ -469,7 +498,6 @@ impl<L: Learner> AsyncController<L> {
                 self.learner = Some(d.learner);
             }
         }
-        buffer.shutdown();
         groups.abort_all();
         while let Some(done) = groups.join_next().await {
             if let Ok((key, g)) = done {
@@ -487,6 +515,8 @@ impl<L: Learner> AsyncController<L> {
                 },
             );
         }
+        // Last, so groups that finished while being drained are not left buffered.
+        buffer.shutdown();
         result?;
         let report = RunReport {
             cursor: Cursor {
@@ -497,6 +527,7 @@ impl<L: Learner> AsyncController<L> {
             steps,
             accounting: add(base, buffer.accounting()),
             wall: start.elapsed(),
+            interrupted: stopping,
             staleness: buffer
                 .staleness_histogram()
                 .iter()

@@ -13,9 +13,11 @@ pub mod pipeline;
 pub mod progress;
 pub mod prometheus;
 pub mod report;
+pub mod stop;
 pub mod warmup;
 
 pub use controller::{
     AsyncController, ControllerConfig, ControllerError, Cursor, Learner, LearnerError, NoSink,
     ResumeFrom, RunReport, SinkError, StepRecord, StepSink, StepStats,
 };
+pub use stop::StopFlag;

@@ -79,6 +79,10 @@ pub enum PipelineError {
     },
     #[error("{0}")]
     Invalid(String),
+    /// A stop was asked for (Ctrl-C, SIGTERM) before RL training started; nothing was
+    /// trained, so nothing was saved.
+    #[error("interrupted during {phase}; nothing to save yet")]
+    Interrupted { phase: &'static str },
 }
 
 /// Held-out greedy evaluation of a policy on the configured task.
@@ -120,8 +124,11 @@ pub struct TrainSummary {
     /// The same after RL.
     pub eval_after: Option<EvalResult>,
     pub report: RunReport,
-    /// Where the final checkpoint was written.
+    /// Where the final checkpoint was written (for an interrupted run, the resumable
+    /// checkpoint of where it stopped).
     pub checkpoint: PathBuf,
+    /// The run was stopped early ([`RunOptions::stop`]); there is no evaluation after RL.
+    pub interrupted: bool,
     /// The checkpoint this run resumed from.
     pub resumed_from: Option<PathBuf>,
     /// `report/report.md`, when the report was written.
@@ -145,6 +152,12 @@ pub struct RunOptions {
     pub metrics_addr: Option<SocketAddr>,
     /// Told the Prometheus endpoint's bound address once it listens (tests bind port 0).
     pub metrics_bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+    /// Stop early when set (the command line sets it on Ctrl-C / SIGTERM). During the
+    /// warm-up or the first evaluation the run ends with [`PipelineError::Interrupted`];
+    /// during RL the controller aborts rollout, finishes the running step, and the run
+    /// writes a checkpoint of where it stopped (resumable with `--resume`), its metrics and
+    /// report, and returns with [`TrainSummary::interrupted`] set.
+    pub stop: crate::StopFlag,
 }
 
 /// Episode seeds for evaluation, far from the training seeds so no task is shared.
@@ -329,6 +342,7 @@ async fn warm_up(
     policy: &Policy,
     model: &mut TrainableModel,
     device: &Device,
+    stop: &crate::StopFlag,
 ) -> Result<(), PipelineError> {
     if cfg.warmup.steps == 0 {
         return Ok(());
@@ -354,10 +368,12 @@ async fn warm_up(
         EnvConfig::Math(task_cfg) => {
             let task = MathTask::new(task_cfg.clone())
                 .map_err(|e| PipelineError::Invalid(format!("env: {e}")))?;
-            tokio::task::block_in_place(|| warmup::run(model, &policy.tokenizer, &task, cfg))?;
+            tokio::task::block_in_place(|| {
+                warmup::run(model, &policy.tokenizer, &task, cfg, stop)
+            })?;
         }
         EnvConfig::FrozenLake(lake) => {
-            agentic_warmup::run(model, &policy.tokenizer, lake, cfg).await?;
+            agentic_warmup::run(model, &policy.tokenizer, lake, cfg, stop).await?;
         }
         _ => {}
     }
@@ -417,7 +433,7 @@ pub async fn run_with(
     }
     let mut model = TrainableModel::new(&policy.model_cfg, &policy.weights, DType::F32, &device)?;
     if resumed.is_none() {
-        warm_up(&cfg, &policy, &mut model, &device).await?;
+        warm_up(&cfg, &policy, &mut model, &device, &opts.stop).await?;
     }
 
     let start_version = resumed
@@ -429,7 +445,13 @@ pub async fn run_with(
     let eval_before = match &resumed {
         Some(r) => r.state.eval_before,
         None => {
-            let e = evaluate_both(&cfg, &rollout, threshold).await;
+            let e = tokio::select! {
+                e = evaluate_both(&cfg, &rollout, threshold) => e,
+                _ = opts.stop.stopped() => {
+                    let _ = rollout.proxy.shutdown().await;
+                    return Err(PipelineError::Interrupted { phase: "the evaluation before RL" });
+                }
+            };
             if let Some(e) = e {
                 println!("eval before RL: {}", describe_eval(&e));
             }
@@ -503,7 +525,8 @@ pub async fn run_with(
         rollout.version.clone(),
         learner,
     )?
-    .with_success_threshold(threshold);
+    .with_success_threshold(threshold)
+    .with_stop(opts.stop.clone());
     if let Some(r) = &resumed {
         ctl = ctl.resume_from(ResumeFrom {
             cursor: r.state.cursor,
@@ -541,21 +564,54 @@ pub async fn run_with(
         }
     };
 
-    let eval_after = evaluate_both(&cfg, &rollout, threshold).await;
+    // An interrupted run is not evaluated (the user asked it to stop); it saves where it
+    // stopped so `--resume` continues from there.
+    let eval_after = if report.interrupted {
+        None
+    } else {
+        evaluate_both(&cfg, &rollout, threshold).await
+    };
     if let Some(p) = prom {
         p.shutdown().await;
     }
     rollout.proxy.shutdown().await?;
 
-    let final_dir = cfg.output_dir.join("final");
-    if let Some(l) = &learner {
-        rollflash_model::hf::save_dir(
-            &final_dir,
-            &policy.model_cfg,
-            &l.model().weights(),
-            Some(&policy.tokenizer),
-        )?;
-    }
+    let final_dir = if report.interrupted {
+        let c = match sink.checkpointer.take() {
+            Some(c) => c,
+            None => Checkpointer::new(
+                ckpt_root.clone(),
+                cfg.checkpoint.keep,
+                policy.model_cfg.clone(),
+                Arc::clone(&policy.tokenizer),
+            ),
+        };
+        match &learner {
+            Some(l) => {
+                let state = checkpoint::state(
+                    report.cursor,
+                    report.accounting,
+                    l.optimizer().steps_taken(),
+                    cfg.seed,
+                    sink.elapsed_before + report.wall.as_secs_f64(),
+                    eval_before,
+                );
+                c.save(l, &state, sink.log.path())?
+            }
+            None => ckpt_root.clone(),
+        }
+    } else {
+        let final_dir = cfg.output_dir.join("final");
+        if let Some(l) = &learner {
+            rollflash_model::hf::save_dir(
+                &final_dir,
+                &policy.model_cfg,
+                &l.model().weights(),
+                Some(&policy.tokenizer),
+            )?;
+        }
+        final_dir
+    };
     crate::report::write_summary(
         &cfg.output_dir,
         &RunSummary {
@@ -574,6 +630,7 @@ pub async fn run_with(
             samples_per_s: report.samples_per_sec(),
             tokens_per_s: report.tokens_per_sec(),
             staleness: report.staleness.clone(),
+            interrupted: report.interrupted,
         },
     )?;
     let report_path = if cfg.metrics.report {
@@ -584,6 +641,7 @@ pub async fn run_with(
     Ok(TrainSummary {
         eval_before,
         eval_after,
+        interrupted: report.interrupted,
         report,
         checkpoint: final_dir,
         resumed_from: resumed.map(|r| r.dir),

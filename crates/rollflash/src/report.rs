@@ -31,6 +31,9 @@ pub struct RunSummary {
     pub tokens_per_s: f64,
     /// Trained samples by staleness over this process's steps.
     pub staleness: Vec<(u64, u64)>,
+    /// The run was stopped early (Ctrl-C, SIGTERM) and not evaluated after RL.
+    #[serde(default)]
+    pub interrupted: bool,
 }
 
 /// The report could not be written.
@@ -208,6 +211,13 @@ fn markdown(
                 ""
             }
         );
+        if s.interrupted {
+            let _ = writeln!(
+                md,
+                "**Interrupted** after step {}: not evaluated after RL; `rollflash train --resume` continues it.\n",
+                s.steps
+            );
+        }
         let _ = writeln!(md, "## Held-out evaluation (greedy)\n");
         let _ = writeln!(md, "| | tasks | success rate | mean reward |");
         let _ = writeln!(md, "| --- | ---: | ---: | ---: |");

@@ -1,6 +1,6 @@
 //! `rollflash train`: asynchronous RL post-training from a TOML config (or the built-in
 //! default), with `--set key=value` overrides, `--dry-run`, `--resume` and
-//! `--metrics-addr`.
+//! `--metrics-addr`. Ctrl-C or SIGTERM stops the run cleanly (a second one exits at once).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,7 +8,11 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use rollflash::config::TrainConfig;
-use rollflash::pipeline::{Resume, RunOptions};
+use rollflash::pipeline::{PipelineError, Resume, RunOptions};
+use rollflash::StopFlag;
+
+/// The exit status of a run stopped by a signal (128 + SIGINT, the shell's convention).
+const EXIT_INTERRUPTED: i32 = 130;
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
@@ -25,8 +29,10 @@ pub struct TrainArgs {
     /// Continue from a checkpoint: the newest under `output_dir/checkpoints` when no
     /// directory is given (write them with `--set checkpoint.every=K`). Same config as the
     /// interrupted run; `train.steps` is the total, counting the steps already done.
-    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "")]
-    resume: Option<PathBuf>,
+    // `Option<Option<_>>`: clap's "flag with an optional value". (An empty default for the
+    // missing value does not work: the path parser refuses empty values.)
+    #[arg(long, value_name = "DIR", num_args = 0..=1)]
+    resume: Option<Option<PathBuf>>,
     /// Serve Prometheus metrics here during the run (overrides `metrics.prometheus`).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<SocketAddr>,
@@ -38,6 +44,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         print!("{}", cfg.to_toml()?);
         return Ok(());
     }
+    let steps_total = cfg.train.steps;
     let threads = cfg.rollout.engines * cfg.rollout.engine_threads + cfg.train.threads;
     println!(
         "rollflash train: env `{}`, {} steps of {}×{} samples, α = {}{}, {} threads ({} engine × {} + {} trainer)",
@@ -53,22 +60,34 @@ pub fn run(a: TrainArgs) -> Result<()> {
         cfg.train.threads
     );
     let opts = RunOptions {
-        resume: a.resume.map(|d| {
-            if d.as_os_str().is_empty() {
-                Resume::Latest
-            } else {
-                Resume::Dir(d)
-            }
+        resume: a.resume.map(|d| match d {
+            None => Resume::Latest,
+            Some(d) => Resume::Dir(d),
         }),
         metrics_addr: a.metrics_addr,
         metrics_bound: None,
+        stop: StopFlag::new(),
     };
+    let stop = opts.stop.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let summary = rt.block_on(rollflash::pipeline::run_with(cfg, opts))?;
+    let outcome = rt.block_on(async {
+        tokio::spawn(watch_signals(stop));
+        rollflash::pipeline::run_with(cfg, opts).await
+    });
+    // Nothing the run started may outlive it: the runtime's drop waits for blocking work.
+    drop(rt);
+    let summary = match outcome {
+        Ok(s) => s,
+        Err(PipelineError::Interrupted { phase }) => {
+            println!("interrupted during {phase}: stopped before RL training; nothing was saved");
+            std::process::exit(EXIT_INTERRUPTED);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let r = &summary.report;
     println!(
         "{:>4} {:>8} {:>6} {:>6} {:>9} {:>8} {:>7} {:>7}",
@@ -114,9 +133,32 @@ pub fn run(a: TrainArgs) -> Result<()> {
             );
         }
     }
-    println!("checkpoint: {}", summary.checkpoint.display());
     if let Some(p) = &summary.report_path {
         println!("report: {}", p.display());
     }
+    if summary.interrupted {
+        println!(
+            "interrupted after {} of {} steps: rollout in flight was aborted (counted above), the running step was published",
+            r.cursor.steps_done, steps_total
+        );
+        println!(
+            "checkpoint: {} (continue with the same config and `--resume`)",
+            summary.checkpoint.display()
+        );
+        std::process::exit(EXIT_INTERRUPTED);
+    }
+    println!("checkpoint: {}", summary.checkpoint.display());
     Ok(())
+}
+
+/// First Ctrl-C / SIGTERM: ask the run to stop cleanly. Second: exit at once.
+async fn watch_signals(stop: StopFlag) {
+    crate::signal::shutdown_signal().await;
+    eprintln!(
+        "stopping: aborting rollout, finishing the running training step, saving a checkpoint (signal again to exit at once)"
+    );
+    stop.stop();
+    crate::signal::shutdown_signal().await;
+    eprintln!("second signal: exiting without saving");
+    std::process::exit(EXIT_INTERRUPTED);
 }

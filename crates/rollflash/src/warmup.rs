@@ -20,6 +20,7 @@ pub fn run(
     tok: &Tokenizer,
     task: &MathTask,
     cfg: &TrainConfig,
+    stop: &crate::StopFlag,
 ) -> Result<(), PipelineError> {
     let w = &cfg.warmup;
     let device = Device::Cpu;
@@ -42,6 +43,11 @@ pub fn run(
         w.steps, w.batch_size
     );
     for step in 0..w.steps {
+        if stop.is_stopped() {
+            return Err(PipelineError::Interrupted {
+                phase: "the warm-up",
+            });
+        }
         let mut examples = task.warmup_examples(w.batch_size, cfg.seed.wrapping_add(step as u64));
         for (i, (_, c)) in examples.iter_mut().enumerate() {
             if unit_hash(cfg.seed, step as u64, i as u64) < w.unmarked_fraction {

@@ -2,11 +2,12 @@
 //! time): α bounds staleness, batches are whole groups, the synchronous baseline is on-policy,
 //! and every started sample is accounted for.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rollflash::{AsyncController, ControllerConfig, Learner, LearnerError, StepStats};
+use rollflash::{AsyncController, ControllerConfig, Learner, LearnerError, StepStats, StopFlag};
 use rollflash_core::buffer::{Batch, BufferConfig};
 use rollflash_core::proxy::LeastLoaded;
 use rollflash_core::{PauseMode, PolicyVersion, SamplingParams, Trajectory};
@@ -22,6 +23,23 @@ use tokio::sync::watch;
 /// seed's residue to give a long tail; seed % 13 == 0 crashes.
 struct TailEnv {
     seed: u64,
+    _live: Live,
+}
+
+/// Counts environments alive, so a test can check that none outlives the run.
+struct Live(Arc<AtomicUsize>);
+
+impl Live {
+    fn new(n: &Arc<AtomicUsize>) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        Live(Arc::clone(n))
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 #[async_trait]
@@ -51,6 +69,8 @@ type Seen = Arc<std::sync::Mutex<Vec<(PolicyVersion, Vec<PolicyVersion>)>>>;
 struct CheckingLearner {
     cfg: BufferConfig,
     seen: Seen,
+    /// Asks for a stop while training this step (a Ctrl-C mid-step).
+    stop_at: Option<(usize, StopFlag)>,
 }
 
 impl Learner for CheckingLearner {
@@ -66,7 +86,13 @@ impl Learner for CheckingLearner {
                 "a sample older than α was trained"
             );
         }
-        self.seen.lock().unwrap().push((
+        let mut seen = self.seen.lock().unwrap();
+        if let Some((at, stop)) = &self.stop_at {
+            if seen.len() == *at {
+                stop.stop();
+            }
+        }
+        seen.push((
             batch.version,
             batch.groups.iter().map(|g| g.start).collect(),
         ));
@@ -87,6 +113,22 @@ async fn run(
 ) -> (
     rollflash::RunReport,
     Vec<(PolicyVersion, Vec<PolicyVersion>)>,
+) {
+    let (report, seen, _) = run_stopping(alpha, barrier, redundancy, None).await;
+    (report, seen)
+}
+
+/// As [`run`], asking for a stop during step `stop_at` when given; also returns how many
+/// environments are still alive after the run.
+async fn run_stopping(
+    alpha: f64,
+    barrier: bool,
+    redundancy: usize,
+    stop_at: Option<usize>,
+) -> (
+    rollflash::RunReport,
+    Vec<(PolicyVersion, Vec<PolicyVersion>)>,
+    usize,
 ) {
     let backends: Vec<BackendEntry> = (0..2)
         .map(|i| BackendEntry {
@@ -116,7 +158,14 @@ async fn run(
         },
         vrx,
     );
-    let make_env: EnvFactory = Arc::new(|| Ok(Box::new(TailEnv { seed: 0 }) as Box<dyn Env>));
+    let live = Arc::new(AtomicUsize::new(0));
+    let live_envs = Arc::clone(&live);
+    let make_env: EnvFactory = Arc::new(move || {
+        Ok(Box::new(TailEnv {
+            seed: 0,
+            _live: Live::new(&live_envs),
+        }) as Box<dyn Env>)
+    });
     let buffer = BufferConfig {
         groups_per_batch: 4,
         group_size: 4,
@@ -126,9 +175,11 @@ async fn run(
         ..Default::default()
     };
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stop = StopFlag::new();
     let learner = CheckingLearner {
         cfg: buffer.clone(),
         seen: Arc::clone(&seen),
+        stop_at: stop_at.map(|at| (at, stop.clone())),
     };
     let ctl = AsyncController::new(
         ControllerConfig {
@@ -144,11 +195,13 @@ async fn run(
         vtx,
         learner,
     )
-    .unwrap();
+    .unwrap()
+    .with_stop(stop);
     let report = ctl.run().await.unwrap();
+    let alive = live.load(Ordering::SeqCst);
     proxy.shutdown().await.unwrap();
     let seen = seen.lock().unwrap().clone();
-    (report, seen)
+    (report, seen, alive)
 }
 
 #[tokio::test(start_paused = true)]
@@ -199,4 +252,35 @@ async fn async_beats_sync_on_a_long_tail_in_virtual_time() {
         asy.wall,
         sync.wall
     );
+}
+
+/// Ctrl-C mid-step: the running step finishes and is published, rollout in flight is
+/// aborted and counted, nothing is left buffered or running, and no environment outlives
+/// the run.
+#[tokio::test(start_paused = true)]
+async fn a_stop_mid_run_aborts_rollout_publishes_the_running_step_and_accounts_for_all() {
+    for (alpha, barrier) in [(0.0, true), (2.0, false)] {
+        let (report, seen, alive) = run_stopping(alpha, barrier, 1, Some(2)).await;
+        assert!(report.interrupted);
+        assert_eq!(
+            report.steps.len(),
+            3,
+            "steps 0 and 1, and the one the stop came in"
+        );
+        assert_eq!(seen.len(), 3);
+        assert_eq!(report.cursor.steps_done, 3);
+        assert_eq!(report.cursor.version, PolicyVersion(3));
+        let a = report.accounting;
+        assert!(a.balanced(), "{a:?}");
+        assert_eq!((a.running, a.buffered), (0, 0), "{a:?}");
+        assert_eq!(a.trained, 3 * 16);
+        if !barrier {
+            assert!(a.aborted > 3 * 4, "work in flight was aborted: {a:?}");
+        }
+        assert_eq!(alive, 0, "an environment outlived the run");
+    }
+    // Without a stop nothing changes.
+    let (report, _, alive) = run_stopping(1.0, false, 0, None).await;
+    assert!(!report.interrupted);
+    assert_eq!((report.steps.len(), alive), (6, 0));
 }

@@ -12,6 +12,7 @@ mod env_serve;
 mod eval;
 mod faults;
 mod fuzz_config;
+mod interrupt;
 mod learner;
 mod prometheus;
 mod resume;
