@@ -398,9 +398,12 @@ fn messy_text() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    // A fixed seed keeps the suite deterministic; raise `cases` locally to search harder.
+    // A fixed seed keeps the suite deterministic; `ROLLFLASH_FUZZ_CASES=N` searches harder.
     #![proptest_config(ProptestConfig {
-        cases: 256,
+        cases: std::env::var("ROLLFLASH_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(256),
         rng_seed: RngSeed::Fixed(0x0005_eed0),
         failure_persistence: None,
         ..ProptestConfig::default()
