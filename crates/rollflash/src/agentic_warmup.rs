@@ -52,7 +52,19 @@ pub fn optimal_move(lake: &Lake, state: usize) -> Option<Direction> {
         .map(|(_, d)| d)
 }
 
-/// One demonstration: the tokens of an optimal episode from `seed` and its loss mask (1 on
+/// A whole demonstration: what the warm-up trains on, and how the episode went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Demonstration {
+    pub ids: Vec<u32>,
+    /// 1 on the moves and their end-of-sequence tokens, 0 on observations.
+    pub mask: Vec<f32>,
+    /// The episode's return (1 when it reached the goal).
+    pub reward: f64,
+}
+
+/// One demonstration: the tokens of an episode from `seed` played optimally, except that
+/// each turn takes a uniformly random move with probability `random_move_prob` (decided
+/// by a hash of the seed and turn, so the data is reproducible), and its loss mask (1 on
 /// the model's moves and their end-of-sequence tokens), cut at `max_total_tokens`.
 pub async fn demonstration(
     lake_cfg: &FrozenLakeConfig,
@@ -60,7 +72,8 @@ pub async fn demonstration(
     seed: u64,
     max_turns: usize,
     max_total_tokens: usize,
-) -> Result<(Vec<u32>, Vec<f32>), PipelineError> {
+    random_move_prob: f64,
+) -> Result<Demonstration, PipelineError> {
     let eos = tok
         .eos_token_id()
         .ok_or_else(|| PipelineError::Invalid("tokenizer has no eos token".into()))?;
@@ -69,12 +82,19 @@ pub async fn demonstration(
     let mut ids: Vec<u32> = tok.bos_token_id().into_iter().collect();
     ids.extend(tok.encode(&reset.observation, false)?);
     let mut mask = vec![0f32; ids.len()];
-    for _ in 0..max_turns {
+    let mut reward = 0.0;
+    for turn in 0..max_turns as u64 {
         let Some((lake, state)) = env.position() else {
             break;
         };
-        let Some(mv) = optimal_move(lake, state) else {
+        let Some(best) = optimal_move(lake, state) else {
             break;
+        };
+        let mv = if crate::warmup::unit_hash(seed, turn, 0) < random_move_prob {
+            let k = (crate::warmup::unit_hash(seed, turn, 1) * 4.0) as usize;
+            Direction::ALL[k.min(3)]
+        } else {
+            best
         };
         let action = tok.encode(mv.word(), false)?;
         if ids.len() + action.len() + 1 > max_total_tokens {
@@ -84,6 +104,7 @@ pub async fn demonstration(
         ids.push(eos);
         mask.extend(std::iter::repeat_n(1.0, action.len() + 1));
         let step = env.step(mv.word()).await?;
+        reward += step.reward;
         if step.terminated || step.truncated {
             break;
         }
@@ -95,7 +116,7 @@ pub async fn demonstration(
         mask.extend(std::iter::repeat_n(0.0, obs.len()));
         ids.extend(obs);
     }
-    Ok((ids, mask))
+    Ok(Demonstration { ids, mask, reward })
 }
 
 /// Seeds of warm-up episodes: far from both the training seeds and evaluation's.
@@ -124,8 +145,8 @@ pub async fn run(
         .map_err(|e| PipelineError::Invalid(format!("thread pool: {e}")))?;
     let started = Instant::now();
     println!(
-        "warm-up: {} supervised steps of {} optimal FrozenLake episodes",
-        w.steps, w.batch_size
+        "warm-up: {} supervised steps of {} FrozenLake episodes (optimal moves, random with probability {})",
+        w.steps, w.batch_size, w.random_move_prob
     );
     for step in 0..w.steps {
         if stop.is_stopped() {
@@ -139,16 +160,17 @@ pub async fn run(
             let seed = WARMUP_SEED_BASE
                 .wrapping_add(cfg.seed.wrapping_mul(1 << 32))
                 .wrapping_add((step * w.batch_size + i) as u64);
-            let (ids, m) = demonstration(
+            let d = demonstration(
                 lake_cfg,
                 tok,
                 seed,
                 cfg.rollout.max_turns,
                 cfg.rollout.max_total_tokens,
+                w.random_move_prob,
             )
             .await?;
-            mask.extend(m);
-            seqs.push(ids);
+            mask.extend(d.mask);
+            seqs.push(d.ids);
         }
         let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
         let loss = tokio::task::block_in_place(|| {

@@ -81,6 +81,12 @@ pub struct WarmupSection {
     /// formats; this leaves the warmed-up policy unsure of the format, which RL with a
     /// verifiable reward then settles (the run reports format-free accuracy beside it).
     pub unmarked_fraction: f64,
+    /// Agentic warm-up: probability that a demonstration takes a uniformly random move
+    /// instead of the optimal one at a turn (and plays on from where it lands, into a hole
+    /// included). The warm-up then imitates a noisy expert, as real demonstrations are:
+    /// the policy keeps probability on other moves, so RL's samples differ within a group
+    /// and have something to learn from. 0: optimal play only.
+    pub random_move_prob: f64,
     /// Reuse a warm-up checkpoint from an earlier run with the same settings.
     pub cache: bool,
 }
@@ -193,6 +199,7 @@ impl Default for WarmupSection {
             // Half the warm-up solutions lack the `####` line: the warmed-up policy is unsure
             // of the format, greedy picks the wrong one, and RL has to settle it (BENCHMARKS).
             unmarked_fraction: 0.5,
+            random_move_prob: 0.0,
             cache: true,
         }
     }
@@ -432,6 +439,9 @@ impl TrainConfig {
         }
         if !(0.0..=1.0).contains(&self.warmup.unmarked_fraction) {
             return Err(field("warmup.unmarked_fraction", "must be in [0, 1]"));
+        }
+        if !(0.0..=1.0).contains(&self.warmup.random_move_prob) {
+            return Err(field("warmup.random_move_prob", "must be in [0, 1]"));
         }
         self.checkpoint.validate()?;
         self.metrics.validate()?;

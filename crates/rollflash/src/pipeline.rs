@@ -189,9 +189,13 @@ fn plain() -> Renderer {
     }
 }
 
-/// The renderer `rollout.renderer` asks for, given the model directory (if any).
-fn renderer_for(cfg: &TrainConfig, dir: Option<&Path>) -> Result<Renderer, PipelineError> {
+/// The renderer `rollout.renderer` asks for, given the model directory (if any). `auto`
+/// renders plain text for the built-in model, and for a directory it saved (a warm-up
+/// cache, a checkpoint): those carry the built-in tokenizer's chat template, but the model
+/// was trained on plain renderings, which is what it must be given.
+pub fn renderer_for(cfg: &TrainConfig, dir: Option<&Path>) -> Result<Renderer, PipelineError> {
     let template = match dir {
+        Some(d) if cfg.rollout.renderer == "auto" && has_builtin_template(d) => None,
         Some(d) => ChatTemplate::from_tokenizer_config(&d.join("tokenizer_config.json"))?,
         None => None,
     };
@@ -205,6 +209,21 @@ fn renderer_for(cfg: &TrainConfig, dir: Option<&Path>) -> Result<Renderer, Pipel
             "rollout.renderer = \"chat\" needs a model directory with a chat template".into(),
         )),
     }
+}
+
+/// Whether `dir`'s tokenizer config holds the built-in tokenizer's chat template (a
+/// directory rollflash saved from a built-in model). Unreadable configs say no; loading the
+/// template reports them.
+fn has_builtin_template(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("tokenizer_config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| {
+            v.get("chat_template")
+                .and_then(|t| t.as_str())
+                .map(|t| t == rollflash_model::chat::BUILTIN_CHAT_TEMPLATE)
+        })
+        .unwrap_or(false)
 }
 
 /// The tokenizer and renderer of the configured model (the built-in one when

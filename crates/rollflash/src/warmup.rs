@@ -101,7 +101,7 @@ pub fn unmarked(solution: &str) -> &str {
 
 /// A uniform number in `[0, 1)` from `(seed, step, i)` (SplitMix64's finaliser), so which
 /// examples lose their marker is fixed by the seed and independent of the problem stream.
-fn unit_hash(seed: u64, step: u64, i: u64) -> f64 {
+pub(crate) fn unit_hash(seed: u64, step: u64, i: u64) -> f64 {
     let mut z = seed
         .wrapping_mul(0x9e37_79b9_7f4a_7c15)
         .wrapping_add(step.wrapping_mul(0xbf58_476d_1ce4_e5b9))

@@ -56,3 +56,59 @@ fn eval_prints_the_success_rate_of_a_checkpoint() {
         "{stdout}"
     );
 }
+
+/// The agentic warm-up's demonstrations: optimal play always reaches the goal of a solvable
+/// lake; with `random_move_prob` some moves are random, so some episodes end elsewhere —
+/// the same seeds, so the difference is the noise alone.
+#[tokio::test]
+async fn noisy_demonstrations_leave_the_optimal_path_some_of_the_time() {
+    use rollflash::agentic_warmup::demonstration;
+    let c = TrainConfig::load(Some(&frozenlake_toml()), &[]).unwrap();
+    let rollflash_env::envs::EnvConfig::FrozenLake(lake) = &c.env.env else {
+        panic!("frozen lake config");
+    };
+    let tok = Tokenizer::builtin();
+    let (mut optimal_ok, mut noisy_ok, mut differ) = (0, 0, 0);
+    for seed in 0..40u64 {
+        let a = demonstration(lake, &tok, seed, 10, 2000, 0.0)
+            .await
+            .unwrap();
+        let b = demonstration(lake, &tok, seed, 10, 2000, 0.4)
+            .await
+            .unwrap();
+        assert!(a.mask.contains(&1.0), "moves are trained on");
+        assert_eq!(a.mask.len(), a.ids.len());
+        optimal_ok += usize::from(a.reward == 1.0);
+        noisy_ok += usize::from(b.reward == 1.0);
+        differ += usize::from(a.ids != b.ids);
+        let again = demonstration(lake, &tok, seed, 10, 2000, 0.4)
+            .await
+            .unwrap();
+        assert_eq!(b, again, "reproducible from the seed");
+    }
+    assert_eq!(
+        optimal_ok, 40,
+        "random maps are solvable and BFS play solves them"
+    );
+    assert!(differ >= 20, "{differ} of 40 noisy demonstrations differ");
+    assert!(noisy_ok < 40, "some noisy demonstrations fail: {noisy_ok}");
+}
+
+/// A directory saved from the built-in model (a warm-up cache, a checkpoint) carries the
+/// built-in chat template, but the model learnt plain renderings: `auto` must render plain
+/// (it picked the chat template before, so `model.path = <warm-up dir>` needed
+/// `rollout.renderer = "plain"`); `chat` still gets the template.
+#[test]
+fn auto_renders_a_saved_builtin_model_plain() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = Tokenizer::builtin();
+    let cfg = ModelConfig::builtin_default(tok.vocab_size(), tok.eos_token_id().unwrap());
+    let w = Weights::random(&cfg, 1, DType::F32, &Device::Cpu).unwrap();
+    rollflash_model::hf::save_dir(dir.path(), &cfg, &w, Some(&tok)).unwrap();
+    let auto = TrainConfig::load(None, &[]).unwrap();
+    let r = rollflash::pipeline::renderer_for(&auto, Some(dir.path())).unwrap();
+    assert!(matches!(r, rollflash_rollout::Renderer::Plain { .. }));
+    let chat = TrainConfig::load(None, &["rollout.renderer=\"chat\"".to_string()]).unwrap();
+    let r = rollflash::pipeline::renderer_for(&chat, Some(dir.path())).unwrap();
+    assert!(matches!(r, rollflash_rollout::Renderer::Chat { .. }));
+}
