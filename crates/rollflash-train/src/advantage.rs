@@ -155,6 +155,17 @@ pub struct AdvantageBatch<'a> {
     pub kl: Option<&'a [f64]>,
 }
 
+impl AdvantageEstimator {
+    /// β of the per-token KL reward penalty this estimator applies (REINFORCE++'s
+    /// `kl_coef`; 0 for the others): when non-zero, [`AdvantageBatch::kl`] must be given.
+    pub fn reward_kl_coef(&self) -> f64 {
+        match self {
+            AdvantageEstimator::ReinforcePlusPlus { kl_coef, .. } => *kl_coef,
+            _ => 0.0,
+        }
+    }
+}
+
 /// Runs `estimator` on `batch`: per-token advantages, 0 on masked tokens.
 ///
 /// GRPO and RLOO produce one value per sequence, broadcast to its tokens

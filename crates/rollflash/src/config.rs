@@ -288,21 +288,6 @@ impl TrainConfig {
             Ok(toml::Value::Table(t)) => t,
             _ => toml::Table::new(),
         };
-        // A different environment has different fields: start its section afresh.
-        if let Some(name) = table
-            .get("env")
-            .and_then(|e| e.get("name"))
-            .and_then(toml::Value::as_str)
-        {
-            if Some(name)
-                != merged
-                    .get("env")
-                    .and_then(|e| e.get("name"))
-                    .and_then(toml::Value::as_str)
-            {
-                merged.remove("env");
-            }
-        }
         merge(&mut merged, table);
         let table = merged;
         // Deserialise through serde_path_to_error so a type error names its key path.
@@ -459,6 +444,13 @@ impl TrainConfig {
 fn merge(base: &mut toml::Table, over: toml::Table) {
     for (k, v) in over {
         match (base.get_mut(&k), v) {
+            // A section tagged by `name` (the environment, the advantage estimator) that
+            // names another variant has other fields: it replaces the default's section.
+            (Some(toml::Value::Table(b)), toml::Value::Table(o))
+                if o.get("name").is_some_and(|n| Some(n) != b.get("name")) =>
+            {
+                base.insert(k, toml::Value::Table(o));
+            }
             (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
             (_, v) => {
                 base.insert(k, v);

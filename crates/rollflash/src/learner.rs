@@ -2,6 +2,12 @@
 //! policy (log-probs under the sampling temperature, as the engine recorded them),
 //! computes group advantages, the configured policy loss, and one AdamW step, then hands
 //! the new weights to the controller for publication (in process, no disk round trip).
+//!
+//! A frozen reference (the weights the learner started from) is kept when the loss has a
+//! KL term (`loss.kl_coef`) or the advantage estimator a KL reward penalty (REINFORCE++'s
+//! `kl_coef`). The penalty follows ROLL (`apply_kl_penalty`): per token, k1 of the
+//! behaviour log-probs (the policy that generated the sample) against the reference,
+//! `−β·(logπ_behav − logπ_ref)` added to each response token's reward before the returns.
 
 use std::sync::Arc;
 
@@ -14,6 +20,7 @@ use rollflash_model::train::{
 };
 use rollflash_rollout::WeightUpdate;
 use rollflash_train::advantage::{compute_advantages, AdvantageBatch, AdvantageEstimator};
+use rollflash_train::kl::{kl_per_token, KlEstimator};
 use rollflash_train::loss::{policy_loss, LossConfig, LossMetrics, PolicyLossInputs};
 use rollflash_train::LossAgg;
 
@@ -41,8 +48,8 @@ pub struct PolicyLearner {
     cfg: LearnerConfig,
     pool: rayon::ThreadPool,
     device: Device,
-    /// The frozen policy the KL term is measured against (the weights the learner started
-    /// from), kept only when `loss.kl_coef > 0`.
+    /// The frozen policy the KL term and the KL reward penalty are measured against (the
+    /// weights the learner started from), kept only when one of them is on.
     reference: Option<Transformer>,
 }
 
@@ -67,7 +74,7 @@ impl PolicyLearner {
             .thread_name(|i| format!("rollflash-trainer-{i}"))
             .build()
             .map_err(err)?;
-        let reference = if cfg.loss.kl_coef > 0.0 {
+        let reference = if cfg.loss.kl_coef > 0.0 || cfg.advantage.reward_kl_coef() > 0.0 {
             Some(model.snapshot().map_err(err)?)
         } else {
             None
@@ -120,6 +127,42 @@ impl PolicyLearner {
                 behav.len()
             )));
         }
+        let n_seq = seqs.len();
+        let mb = match self.cfg.micro_batch_size {
+            0 => n_seq.max(1),
+            m => m.min(n_seq.max(1)),
+        };
+        // The reference's log-probs over the whole batch, once: the reward penalty needs them
+        // before the advantages, the loss term per micro-batch.
+        let ref_logp: Option<Vec<f32>> = match &self.reference {
+            Some(r) => Some(self.pool.install(|| -> Result<_, LearnerError> {
+                let mut all = Vec::with_capacity(total);
+                for start in (0..n_seq).step_by(mb) {
+                    let end = (start + mb).min(n_seq);
+                    let ts = token_stats(r, &seqs[start..end], self.cfg.temperature, false)
+                        .map_err(err)?;
+                    let v = ts
+                        .logprobs
+                        .to_dtype(candle_core::DType::F32)
+                        .and_then(|t| t.to_vec1::<f32>())
+                        .map_err(err)?;
+                    all.extend(v);
+                }
+                Ok(all)
+            })?),
+            None => None,
+        };
+        if ref_logp.as_ref().is_some_and(|r| r.len() != total) {
+            return Err(err("reference log-probs do not cover the batch"));
+        }
+        let reward_kl = match &ref_logp {
+            Some(r) if self.cfg.advantage.reward_kl_coef() > 0.0 => {
+                let b: Vec<f64> = behav.iter().map(|&x| f64::from(x)).collect();
+                let r: Vec<f64> = r.iter().map(|&x| f64::from(x)).collect();
+                Some(kl_per_token(KlEstimator::K1, &b, &r, &mask).map_err(err)?)
+            }
+            _ => None,
+        };
         // Advantages over the whole batch (group baselines, REINFORCE++'s batch statistics)
         // before it is cut into micro-batches.
         let adv = compute_advantages(
@@ -129,20 +172,20 @@ impl PolicyLearner {
                 group_sizes: &group_sizes,
                 seq_offsets: &offsets[..seqs.len()],
                 mask: &mask,
-                kl: None,
+                kl: reward_kl.as_deref(),
             },
         )
         .map_err(err)?;
-        let n_seq = seqs.len();
-        let mb = match self.cfg.micro_batch_size {
-            0 => n_seq.max(1),
-            m => m.min(n_seq.max(1)),
-        };
+        let reward_kl_mean = reward_kl.as_ref().map(|k| {
+            let n = mask.iter().filter(|&&m| m).count().max(1);
+            k.iter().sum::<f64>() / n as f64
+        });
         let token_weighted = matches!(self.cfg.loss.loss_agg, LossAgg::TokenMean);
         let n_mask = mask.iter().filter(|&&m| m).count().max(1);
 
         let model = &self.model;
-        let reference = self.reference.as_ref();
+        let ref_all = ref_logp.as_deref();
+        let loss_kl = self.cfg.loss.kl_coef > 0.0;
         let opt = &mut self.opt;
         let cfg = &self.cfg;
         let device = &self.device;
@@ -174,14 +217,9 @@ impl PolicyLearner {
                 // One optimiser step per batch: the proximal ("old") policy is the policy at
                 // the start of the step, numerically equal to the current one.
                 let old = ts.logprobs.detach();
-                let ref_logp = match reference {
-                    Some(r) => Some(
-                        token_stats(r, chunk, cfg.temperature, false)
-                            .map_err(err)?
-                            .logprobs
-                            .detach(),
-                    ),
-                    None => None,
+                let ref_logp = match ref_all {
+                    Some(r) if loss_kl => Some(to_t(r[t0..t1].to_vec())?),
+                    _ => None,
                 };
                 let mut inputs =
                     PolicyLossInputs::new(&ts.logprobs, &old, &behav_t, &adv_t, &mask_t, &local);
@@ -236,6 +274,10 @@ impl PolicyLearner {
         }
         if let Some(k) = stats.kl_loss {
             metrics.push(("kl_ref".to_string(), k));
+        }
+        if let Some(k) = reward_kl_mean {
+            // Mean k1 per response token, before β: what the reward penalty subtracted.
+            metrics.push(("kl_reward".to_string(), k));
         }
         Ok((
             WeightUpdate::InProcess {

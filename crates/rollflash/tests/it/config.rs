@@ -68,3 +68,38 @@ fn a_missing_config_file_is_named() {
         .to_string();
     assert!(e.contains("/nonexistent/c.toml"), "{e}");
 }
+
+/// A section tagged by `name` that names another variant replaces the default's section
+/// instead of merging into it (GRPO's `norm_by_std` is no field of REINFORCE++), from
+/// `--set` and from a file alike; naming the same variant still merges.
+#[test]
+fn switching_the_advantage_estimator_drops_the_defaults_fields() {
+    use rollflash_train::advantage::AdvantageEstimator;
+    let c = load(&["train.advantage={ name = \"reinforce_plus_plus\", kl_coef = 0.01 }"]).unwrap();
+    assert!(matches!(
+        c.train.advantage,
+        AdvantageEstimator::ReinforcePlusPlus { kl_coef, .. } if kl_coef == 0.01
+    ));
+    let c = load(&["train.advantage.name=\"rloo\""]).unwrap();
+    assert!(matches!(c.train.advantage, AdvantageEstimator::Rloo { .. }));
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.toml");
+    std::fs::write(
+        &p,
+        "[train.advantage]\nname = \"reinforce_plus_plus\"\nbaseline = true\n",
+    )
+    .unwrap();
+    let c = TrainConfig::load(Some(&p), &[]).unwrap();
+    assert!(matches!(
+        c.train.advantage,
+        AdvantageEstimator::ReinforcePlusPlus { baseline: true, .. }
+    ));
+    let c = load(&["train.advantage.norm_by_std=false"]).unwrap();
+    assert!(matches!(
+        c.train.advantage,
+        AdvantageEstimator::Grpo {
+            norm_by_std: false,
+            ..
+        }
+    ));
+}

@@ -269,3 +269,90 @@ fn micro_batches_give_the_whole_batch_update() {
         }
     }
 }
+
+/// REINFORCE++'s KL reward penalty: the learner keeps the frozen reference for it, reports
+/// the mean k1 it penalised (`kl_reward`), which equals `behav − ref` averaged over the
+/// response tokens computed here independently, and the penalty changes the update.
+#[test]
+fn reinforce_pp_kl_reward_penalty_uses_the_reference_and_moves_the_update() {
+    use rollflash::Learner;
+    use rollflash_model::train::token_stats;
+    let tok = Tokenizer::builtin();
+    let cfg = ModelConfig::tiny(Arch::Qwen3, tok.vocab_size());
+    let w = Weights::random(&cfg, 5, DType::F32, &Device::Cpu).unwrap();
+    let batch = random_batch(tok.vocab_size() as u32);
+    let run = |beta: f64| {
+        let model = TrainableModel::new(&cfg, &w, DType::F32, &Device::Cpu).unwrap();
+        let mut learner = PolicyLearner::new(
+            model,
+            LearnerConfig {
+                optimizer: OptimizerConfig {
+                    lr: 1e-2,
+                    max_grad_norm: None,
+                    ..Default::default()
+                },
+                loss: LossConfig {
+                    pg_variant: PgVariant::Ppo,
+                    ..Default::default()
+                },
+                advantage: AdvantageEstimator::ReinforcePlusPlus {
+                    gamma: 1.0,
+                    kl_coef: beta,
+                    baseline: false,
+                    whiten: true,
+                    eps: 1e-8,
+                },
+                temperature: 1.0,
+                threads: 1,
+                micro_batch_size: 2,
+            },
+        )
+        .unwrap();
+        let (update, stats) = learner.train(&batch).unwrap();
+        let rollflash_rollout::WeightUpdate::InProcess { model, .. } = update else {
+            panic!("expected in-process weights");
+        };
+        (model.weights(), stats)
+    };
+    // Independent: the initial model's log-probs of every sampled token.
+    let model = TrainableModel::new(&cfg, &w, DType::F32, &Device::Cpu).unwrap();
+    let (mut sum, mut n) = (0.0f64, 0usize);
+    for (t, _) in batch.groups.iter().flat_map(|g| g.samples.iter()) {
+        let r = token_stats(model.model(), &[t.tokens.as_slice()], 1.0, false)
+            .unwrap()
+            .logprobs
+            .to_vec1::<f32>()
+            .unwrap();
+        for ((m, b), r) in t.loss_mask.iter().zip(&t.logprobs).zip(&r) {
+            if *m == 1 {
+                sum += f64::from(*b) - f64::from(*r);
+                n += 1;
+            }
+        }
+    }
+    let want = sum / n as f64;
+    let (plain, plain_stats) = run(0.0);
+    let (penalised, stats) = run(0.5);
+    assert!(!plain_stats.metrics.iter().any(|(k, _)| k == "kl_reward"));
+    let got = stats
+        .metrics
+        .iter()
+        .find(|(k, _)| k == "kl_reward")
+        .map(|(_, v)| *v)
+        .expect("kl_reward metric");
+    assert!((got - want).abs() < 1e-5, "kl_reward {got} vs {want}");
+    let moved = plain.tensors().iter().any(|(name, t)| {
+        let d = (t - penalised.tensors()[name].clone())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        d > 1e-6
+    });
+    assert!(moved, "the penalty changed nothing");
+}
