@@ -19,3 +19,4 @@ mod resume;
 mod secrets;
 mod serve;
 mod serve_faults;
+mod util;

@@ -61,30 +61,7 @@ fn column(rows: &[Value], key: &str) -> Vec<f64> {
 fn max_weight_diff(a: &Path, b: &Path) -> f64 {
     let wa = rollflash_model::hf::load_weights(a, &Device::Cpu).unwrap();
     let wb = rollflash_model::hf::load_weights(b, &Device::Cpu).unwrap();
-    let mut names = wa.names();
-    names.sort();
-    assert_eq!(names, {
-        let mut n = wb.names();
-        n.sort();
-        n
-    });
-    let mut worst = 0f64;
-    for n in names {
-        let x = wa.tensors()[n].to_dtype(DType::F64).unwrap();
-        let y = wb.tensors()[n].to_dtype(DType::F64).unwrap();
-        let d = (x - y)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap();
-        worst = worst.max(d);
-    }
-    worst
+    crate::util::max_weight_diff(&wa, &wb)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
