@@ -588,7 +588,14 @@ pub async fn run_with(
     let eval_after = if report.interrupted {
         None
     } else {
-        evaluate_both(&cfg, &rollout, threshold).await
+        // Every step ran; a stop now only skips the evaluation.
+        tokio::select! {
+            e = evaluate_both(&cfg, &rollout, threshold) => e,
+            _ = opts.stop.stopped() => {
+                println!("evaluation after RL skipped: stop requested");
+                None
+            }
+        }
     };
     if let Some(p) = prom {
         p.shutdown().await;
