@@ -194,12 +194,29 @@ fn random_batch(vocab: u32) -> rollflash_core::buffer::Batch<rollflash_core::Tra
     }
 }
 
+/// One training step of a fresh learner with `lc` from weights `w` on `batch`: the new
+/// weights and the step's stats.
+fn train_once(
+    cfg: &ModelConfig,
+    w: &Weights,
+    batch: &rollflash_core::buffer::Batch<rollflash_core::Trajectory>,
+    lc: LearnerConfig,
+) -> (Weights, rollflash::StepStats) {
+    use rollflash::Learner;
+    let model = TrainableModel::new(cfg, w, DType::F32, &Device::Cpu).unwrap();
+    let mut learner = PolicyLearner::new(model, lc).unwrap();
+    let (update, stats) = learner.train(batch).unwrap();
+    let rollflash_rollout::WeightUpdate::InProcess { model, .. } = update else {
+        panic!("expected in-process weights");
+    };
+    (model.weights(), stats)
+}
+
 /// Micro-batching is an implementation detail: one sequence per pass, or three, gives the
 /// same update as the whole batch at once, for sequence- and token-weighted aggregation and
 /// with the KL term against the frozen reference on.
 #[test]
 fn micro_batches_give_the_whole_batch_update() {
-    use rollflash::Learner;
     use rollflash_train::LossAgg;
     let tok = Tokenizer::builtin();
     let cfg = ModelConfig::tiny(Arch::Qwen3, tok.vocab_size());
@@ -207,9 +224,10 @@ fn micro_batches_give_the_whole_batch_update() {
     let batch = random_batch(tok.vocab_size() as u32);
     for (agg, kl_coef) in [(LossAgg::SeqMeanTokenMean, 0.0), (LossAgg::TokenMean, 0.1)] {
         let run = |micro: usize| {
-            let model = TrainableModel::new(&cfg, &w, DType::F32, &Device::Cpu).unwrap();
-            let mut learner = PolicyLearner::new(
-                model,
+            train_once(
+                &cfg,
+                &w,
+                &batch,
                 LearnerConfig {
                     optimizer: OptimizerConfig {
                         lr: 1e-2,
@@ -234,12 +252,6 @@ fn micro_batches_give_the_whole_batch_update() {
                     micro_batch_size: micro,
                 },
             )
-            .unwrap();
-            let (update, stats) = learner.train(&batch).unwrap();
-            let rollflash_rollout::WeightUpdate::InProcess { model, .. } = update else {
-                panic!("expected in-process weights");
-            };
-            (model.weights(), stats)
         };
         let (full, full_stats) = run(0);
         for micro in [1, 4] {
@@ -266,16 +278,16 @@ fn micro_batches_give_the_whole_batch_update() {
 /// response tokens computed here independently, and the penalty changes the update.
 #[test]
 fn reinforce_pp_kl_reward_penalty_uses_the_reference_and_moves_the_update() {
-    use rollflash::Learner;
     use rollflash_model::train::token_stats;
     let tok = Tokenizer::builtin();
     let cfg = ModelConfig::tiny(Arch::Qwen3, tok.vocab_size());
     let w = Weights::random(&cfg, 5, DType::F32, &Device::Cpu).unwrap();
     let batch = random_batch(tok.vocab_size() as u32);
     let run = |beta: f64| {
-        let model = TrainableModel::new(&cfg, &w, DType::F32, &Device::Cpu).unwrap();
-        let mut learner = PolicyLearner::new(
-            model,
+        train_once(
+            &cfg,
+            &w,
+            &batch,
             LearnerConfig {
                 optimizer: OptimizerConfig {
                     lr: 1e-2,
@@ -298,12 +310,6 @@ fn reinforce_pp_kl_reward_penalty_uses_the_reference_and_moves_the_update() {
                 micro_batch_size: 2,
             },
         )
-        .unwrap();
-        let (update, stats) = learner.train(&batch).unwrap();
-        let rollflash_rollout::WeightUpdate::InProcess { model, .. } = update else {
-            panic!("expected in-process weights");
-        };
-        (model.weights(), stats)
     };
     // Independent: the initial model's log-probs of every sampled token.
     let model = TrainableModel::new(&cfg, &w, DType::F32, &Device::Cpu).unwrap();
