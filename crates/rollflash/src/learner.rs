@@ -176,12 +176,11 @@ impl PolicyLearner {
             },
         )
         .map_err(err)?;
-        let reward_kl_mean = reward_kl.as_ref().map(|k| {
-            let n = mask.iter().filter(|&&m| m).count().max(1);
-            k.iter().sum::<f64>() / n as f64
-        });
-        let token_weighted = matches!(self.cfg.loss.loss_agg, LossAgg::TokenMean);
         let n_mask = mask.iter().filter(|&&m| m).count().max(1);
+        let reward_kl_mean = reward_kl
+            .as_ref()
+            .map(|k| k.iter().sum::<f64>() / n_mask as f64);
+        let token_weighted = matches!(self.cfg.loss.loss_agg, LossAgg::TokenMean);
 
         let model = &self.model;
         let ref_all = ref_logp.as_deref();

@@ -10,25 +10,14 @@ use std::time::{Duration, Instant};
 /// A run that would take hours: random built-in model on FrozenLake, asynchronous (α = 1),
 /// no warm-up, no evaluation, no periodic checkpoints.
 fn args(dir: &Path, steps: usize, warmup_steps: usize) -> Vec<String> {
-    let sets = [
-        format!("output_dir={:?}", dir.display().to_string()),
+    let mut sets = crate::util::tiny_lake_sets(dir);
+    sets.extend([
         "seed=5".into(),
         format!("warmup.steps={warmup_steps}"),
-        "env.name=frozen_lake".into(),
-        "env.is_slippery=false".into(),
-        "env.invalid_action_penalty=0.1".into(),
-        "env.max_steps=5".into(),
-        "rollout.max_new_tokens=6".into(),
-        "rollout.max_turns=5".into(),
-        "rollout.max_total_tokens=220".into(),
-        "buffer.groups_per_batch=2".into(),
-        "buffer.group_size=4".into(),
         "buffer.alpha=1".into(),
         format!("train.steps={steps}"),
-        "train.eval_problems=0".into(),
         "checkpoint.every=0".into(),
-        "metrics.progress=false".into(),
-    ];
+    ]);
     let mut a = vec!["train".to_string()];
     for s in sets {
         a.push("--set".into());

@@ -9,9 +9,8 @@ use rollflash::config::TrainConfig;
 use rollflash::pipeline::{self, Resume, RunOptions};
 use serde_json::Value;
 
-/// A run small enough for seconds: the built-in model (random weights, no warm-up) on
-/// FrozenLake, synchronous. Random text is sometimes a move (a digit 0-3), and unparsable
-/// turns cost 0.1, so rewards vary within groups and the gradient is not zero.
+/// A run small enough for seconds ([`crate::util::tiny_lake_sets`]), synchronous, no
+/// warm-up.
 ///
 /// The loss is PPO (ratio against the proximal policy, which the learner recomputes) rather
 /// than the default decoupled PPO: decoupled PPO also weighs each token by the engine's
@@ -19,33 +18,20 @@ use serde_json::Value;
 /// happened to share (matrix products of different row counts round differently), which is
 /// timing. With it, resumed weights agree to about 1e-6 instead of exactly.
 fn cfg(dir: &Path, steps: usize, every: usize) -> TrainConfig {
-    let sets: Vec<String> = [
-        format!("output_dir={:?}", dir.display().to_string()),
+    let mut sets = crate::util::tiny_lake_sets(dir);
+    sets.extend([
         "seed=3".into(),
         "warmup.steps=0".into(),
-        "env.name=frozen_lake".into(),
-        "env.is_slippery=false".into(),
-        "env.invalid_action_penalty=0.1".into(),
-        "env.max_steps=5".into(),
-        "rollout.max_new_tokens=6".into(),
-        "rollout.max_turns=5".into(),
-        "rollout.max_total_tokens=220".into(),
         "rollout.temperature=1.0".into(),
-        "buffer.groups_per_batch=2".into(),
-        "buffer.group_size=4".into(),
         "buffer.alpha=0".into(),
         "controller.sync=true".into(),
         format!("train.steps={steps}"),
         "train.lr=1e-3".into(),
         "train.lr_warmup_steps=2".into(),
         "train.loss.pg_variant=ppo".into(),
-        "train.eval_problems=0".into(),
         format!("checkpoint.every={every}"),
         "checkpoint.keep=2".into(),
-        "metrics.progress=false".into(),
-    ]
-    .into_iter()
-    .collect();
+    ]);
     TrainConfig::load(None, &sets).unwrap()
 }
 
