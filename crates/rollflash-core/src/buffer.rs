@@ -80,18 +80,15 @@ impl Default for BufferConfig {
 
 impl BufferConfig {
     /// Checks ranges; errors name the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), BufferConfigError> {
         if self.groups_per_batch == 0 {
-            return Err("buffer.groups_per_batch must be positive".into());
+            return Err(BufferConfigError::NotPositive("groups_per_batch"));
         }
         if self.group_size == 0 {
-            return Err("buffer.group_size must be positive".into());
+            return Err(BufferConfigError::NotPositive("group_size"));
         }
         if !(self.alpha >= 0.0) || !self.alpha.is_finite() || self.alpha > 1e6 {
-            return Err(format!(
-                "buffer.alpha must be a finite number >= 0, got {}",
-                self.alpha
-            ));
+            return Err(BufferConfigError::Alpha(self.alpha));
         }
         Ok(())
     }
@@ -100,6 +97,15 @@ impl BufferConfig {
     pub fn max_staleness(&self) -> u64 {
         self.alpha.ceil() as u64
     }
+}
+
+/// A [`BufferConfig`] out of range; the message names the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BufferConfigError {
+    #[error("buffer.{0} must be positive")]
+    NotPositive(&'static str),
+    #[error("buffer.alpha must be a finite number >= 0, got {0}")]
+    Alpha(f64),
 }
 
 /// Where samples ended, cumulatively.

@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod buffer;
+pub mod controller;
 pub mod gen;
 pub mod proxy;
 pub mod redundancy;

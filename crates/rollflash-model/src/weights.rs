@@ -77,6 +77,29 @@ impl Weights {
         Ok(Weights { tensors })
     }
 
+    /// The largest absolute elementwise difference from `other` over all tensors (in f64):
+    /// how far two checkpoints, or a model before and after a step, are apart. A tensor that
+    /// only one side holds, or holds in another shape, counts as infinitely different.
+    pub fn max_abs_diff(&self, other: &Weights) -> Result<f64> {
+        let mut max = 0.0f64;
+        let names = self.tensors.keys().chain(other.tensors.keys());
+        for name in names {
+            let (Some(a), Some(b)) = (self.tensors.get(name), other.tensors.get(name)) else {
+                return Ok(f64::INFINITY);
+            };
+            if a.dims() != b.dims() {
+                return Ok(f64::INFINITY);
+            }
+            let d = (a.to_dtype(DType::F64)? - b.to_dtype(DType::F64)?)?
+                .abs()?
+                .flatten_all()?
+                .max(0)?
+                .to_scalar::<f64>()?;
+            max = max.max(d);
+        }
+        Ok(max)
+    }
+
     /// Casts every tensor.
     pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
         let mut tensors = HashMap::with_capacity(self.tensors.len());

@@ -407,7 +407,7 @@ impl SimConfig {
         self.sched
             .effective_buffer()
             .validate()
-            .map_err(|m| invalid("sched.buffer", m))?;
+            .map_err(|m| invalid("sched.buffer", m.to_string()))?;
         Ok(())
     }
 }

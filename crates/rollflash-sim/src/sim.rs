@@ -4,11 +4,11 @@
 //! filtering, barrier, accounting) and `GroupProgress` (redundancy) — against modelled
 //! workers, trainers and environments.
 //!
-//! The controller part mirrors `rollflash::controller::AsyncController` call for call:
-//! admit every group the buffer allows, start a training step when none runs and a batch
-//! is ready, take one finished group, repeat; when a step ends, pause the workers, update
-//! them, resume, then publish the new version to the buffer. While the weights sync, the
-//! controller does nothing else, as the real one is awaiting `sync_weights`.
+//! The controller is `rollflash_core::controller::ControllerCore`, the very state machine
+//! `AsyncController` drives: this file reports what the modelled world did (a group ended, a
+//! step trained, a sync finished) and carries out the core's actions (start a group, train,
+//! pause → update → resume the workers). While the weights sync, nothing else is decided, as
+//! in the real controller, which awaits `sync_weights`.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
@@ -16,7 +16,10 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rollflash_core::buffer::{GroupKey, GroupOutcome, SampleBuffer};
+use rollflash_core::buffer::{Batch, GroupKey, GroupOutcome};
+use rollflash_core::controller::{
+    ControllerCore, CoreAction, CoreConfig, CoreEvent, CoreSummary, PublishedStep,
+};
 use rollflash_core::proxy::{
     routing_policy, Affinity, BackendId, Completion, GroupId, Outcome, ProxyAction, ProxyEvent,
     ProxySchedConfig, ProxyScheduler,
@@ -145,22 +148,21 @@ struct Wave {
     waiting: Vec<(u64, Phase)>,
 }
 
+/// The step training now (from `Train` to its publication).
 #[derive(Debug)]
 struct Training {
     start: f64,
-    waited: f64,
     samples: usize,
     response_tokens: u64,
     seq_tokens: u64,
     mean_reward: f64,
-    staleness: f64,
-    staleness_max: u64,
-    version: PolicyVersion,
     /// Seconds of training left at full speed, as of `updated`.
     work_left: f64,
     updated: f64,
     /// Progress per second now (below 1 while generation shares the hardware).
     rate: f64,
+    /// Training is over; the step waits for its sync and publication.
+    done: bool,
 }
 
 /// The simulation state. Build with [`simulate`].
@@ -171,7 +173,6 @@ struct Sim<'a> {
     queue: BinaryHeap<Queued>,
     events: u64,
     sched: ProxyScheduler,
-    buffer: SampleBuffer<Sample>,
     workers: Vec<Worker>,
     backend_of: HashMap<BackendId, usize>,
     reqs: HashMap<RequestId, Req>,
@@ -184,16 +185,18 @@ struct Sim<'a> {
     scratch: Vec<ProxyAction>,
     departures: Vec<Departure>,
     // Controller.
-    members: usize,
-    done_groups: VecDeque<(GroupKey, GroupOutcome<Sample>)>,
-    controller_dirty: bool,
+    core: ControllerCore<Sample>,
+    actions: Vec<CoreAction<Sample>>,
+    /// The core's events not yet handled, in order (handled once the world is quiet).
+    core_events: VecDeque<CoreEvent<Sample>>,
     training: Option<Training>,
-    syncing: Option<(Training, f64)>,
+    /// Workers still pausing for the running sync.
     pending_pauses: usize,
-    wait_since: Option<f64>,
-    last_publish: f64,
+    syncing: bool,
     steps: Vec<StepRecord>,
     stopped: bool,
+    /// What the core counted at the end.
+    summary: Option<CoreSummary>,
     train_busy_s: f64,
     train_spans: Vec<(f64, f64)>,
     gen_spans: Vec<(f64, f64)>,
@@ -225,7 +228,24 @@ pub fn simulate(cfg: &SimConfig) -> Result<SimReport, SimError> {
         queue: BinaryHeap::new(),
         events: 0,
         sched,
-        buffer: SampleBuffer::new(cfg.sched.effective_buffer()),
+        core: ControllerCore::new(
+            CoreConfig {
+                buffer: cfg.sched.effective_buffer(),
+                redundancy: cfg.sched.redundancy,
+                steps: cfg.steps,
+                seed: cfg.seed,
+                // Every modelled worker loads every update: a sync always serves.
+                serve_timeout: Duration::MAX,
+            },
+            None,
+            Duration::ZERO,
+        )
+        .map_err(|e| SimError::Config {
+            field: "sched.buffer".into(),
+            message: e.to_string(),
+        })?,
+        actions: Vec::new(),
+        core_events: VecDeque::from([CoreEvent::Tick]),
         workers,
         backend_of,
         reqs: HashMap::new(),
@@ -237,16 +257,12 @@ pub fn simulate(cfg: &SimConfig) -> Result<SimReport, SimError> {
         work: VecDeque::new(),
         scratch: Vec::new(),
         departures: Vec::new(),
-        members: cfg.sched.buffer.group_size + cfg.sched.redundancy,
-        done_groups: VecDeque::new(),
-        controller_dirty: true,
         training: None,
-        syncing: None,
         pending_pauses: 0,
-        wait_since: Some(0.0),
-        last_publish: 0.0,
+        syncing: false,
         steps: Vec::new(),
         stopped: false,
+        summary: None,
         train_busy_s: 0.0,
         train_spans: Vec::new(),
         gen_spans: Vec::new(),
@@ -326,8 +342,8 @@ impl Sim<'_> {
         }
     }
 
-    /// Does all work caused by the last event, and runs the controller whenever it has
-    /// something to look at, until everything is quiet.
+    /// Does all work caused by the last event, and hands the controller its events whenever
+    /// the world is quiet, until everything is.
     fn drain(&mut self) {
         loop {
             while let Some(w) = self.work.pop_front() {
@@ -337,85 +353,86 @@ impl Sim<'_> {
                     Work::EnvStep(t) => self.env_step(t),
                 }
             }
-            if !self.controller_dirty || self.stopped {
+            if self.stopped {
                 return;
             }
-            self.controller_dirty = false;
-            self.controller();
+            let Some(ev) = self.core_events.pop_front() else {
+                return;
+            };
+            self.controller(ev);
         }
     }
 
-    // ---- The controller (mirrors AsyncController::run) ----
+    // ---- The controller: the core decides, the simulation carries out ----
 
-    fn controller(&mut self) {
-        loop {
-            if self.stopped || self.syncing.is_some() {
-                return;
-            }
-            // Admission: start every group the buffer allows now.
-            while let Some((key, v)) = self.buffer.try_start(self.members as u64) {
-                self.start_group(key, v);
-            }
-            // Training: start a step as soon as a batch is ready.
-            if self.training.is_none() {
-                if let Some(batch) = self.buffer.take_batch() {
-                    let waited = self.wait_since.take().map_or(0.0, |t| self.now - t);
-                    let mut seq_tokens = 0;
-                    let mut response_tokens = 0;
-                    let mut reward = 0.0;
-                    let mut staleness_max = 0;
-                    for g in &batch.groups {
-                        staleness_max = staleness_max.max(batch.version.0 - g.start.0);
-                        for (s, r) in &g.samples {
-                            seq_tokens += s.seq_tokens;
-                            response_tokens += s.response_tokens;
-                            reward += r;
-                        }
-                    }
-                    let samples = batch.len();
-                    let dt = self
-                        .cfg
-                        .training
-                        .step_time(seq_tokens, self.cfg.cluster.train_workers);
-                    let rate = self.train_rate();
-                    self.train_epoch += 1;
-                    let epoch = self.train_epoch;
-                    self.at(self.now + dt / rate, Ev::TrainDone { epoch });
-                    self.training = Some(Training {
-                        start: self.now,
-                        waited,
-                        samples,
-                        response_tokens,
-                        seq_tokens,
-                        mean_reward: reward / samples.max(1) as f64,
-                        staleness: batch.mean_staleness(),
-                        staleness_max,
-                        version: batch.version,
-                        work_left: dt,
-                        updated: self.now,
-                        rate,
-                    });
-                    self.rescale_workers();
-                }
-            }
-            // One finished group, then admission again (the real loop's `select!`).
-            match self.done_groups.pop_front() {
-                Some((key, outcome)) => self.buffer.finish(key, outcome),
-                None => return,
+    fn controller(&mut self, ev: CoreEvent<Sample>) {
+        let now = Duration::from_secs_f64(self.now);
+        let mut actions = std::mem::take(&mut self.actions);
+        self.core.handle(now, ev, &mut actions);
+        for a in actions.drain(..) {
+            match a {
+                CoreAction::StartGroup { key, version, .. } => self.start_group(key, version),
+                CoreAction::Train { batch } => self.start_training(&batch),
+                CoreAction::Sync { .. } => self.start_sync(),
+                CoreAction::Published(p) => self.published(&p),
+                // The simulation is never asked to stop early.
+                CoreAction::AbortRollout => {}
+                CoreAction::Done(_) => self.stopped = true,
             }
         }
+        self.actions = actions;
+    }
+
+    fn start_training(&mut self, batch: &Batch<Sample>) {
+        let mut seq_tokens = 0;
+        let mut response_tokens = 0;
+        let mut reward = 0.0;
+        for g in &batch.groups {
+            for (s, r) in &g.samples {
+                seq_tokens += s.seq_tokens;
+                response_tokens += s.response_tokens;
+                reward += r;
+            }
+        }
+        let samples = batch.len();
+        let dt = self
+            .cfg
+            .training
+            .step_time(seq_tokens, self.cfg.cluster.train_workers);
+        let rate = self.train_rate();
+        self.train_epoch += 1;
+        let epoch = self.train_epoch;
+        self.at(self.now + dt / rate, Ev::TrainDone { epoch });
+        self.training = Some(Training {
+            start: self.now,
+            samples,
+            response_tokens,
+            seq_tokens,
+            mean_reward: reward / samples.max(1) as f64,
+            work_left: dt,
+            updated: self.now,
+            rate,
+            done: false,
+        });
+        self.rescale_workers();
     }
 
     fn on_train_done(&mut self) {
-        let Some(t) = self.training.take() else {
+        let Some(t) = self.training.as_mut().filter(|t| !t.done) else {
             return;
         };
-        self.train_busy_s += self.now - t.start;
-        self.train_spans.push((t.start, self.now));
+        t.done = true;
+        let start = t.start;
+        self.train_busy_s += self.now - start;
+        self.train_spans.push((start, self.now));
         self.rescale_workers();
-        // sync_weights: pause (in the configured mode) → update every worker → resume.
+        self.core_events.push_back(CoreEvent::TrainFinished);
+    }
+
+    /// sync_weights: pause (in the configured mode) → update every worker → resume.
+    fn start_sync(&mut self) {
         let mode = self.cfg.sched.pause_mode;
-        self.syncing = Some((t, self.now));
+        self.syncing = true;
         self.proxy(ProxyEvent::Pause { mode });
         self.pending_pauses = self.workers.len();
         for i in 0..self.workers.len() {
@@ -439,7 +456,11 @@ impl Sim<'_> {
         if !c.is_active() {
             return;
         }
-        let scale = if self.training.is_some() { c.gen } else { 1.0 };
+        let scale = if self.training.as_ref().is_some_and(|t| !t.done) {
+            c.gen
+        } else {
+            1.0
+        };
         for i in 0..self.workers.len() {
             let w = self.workers[i].rescale(self.now, scale, &self.cfg.inference);
             self.wake(i, w);
@@ -455,7 +476,7 @@ impl Sim<'_> {
         self.gen_busy = busy;
         let rate = self.train_rate();
         let now = self.now;
-        let Some(t) = self.training.as_mut() else {
+        let Some(t) = self.training.as_mut().filter(|t| !t.done) else {
             return;
         };
         t.work_left = (t.work_left - (now - t.updated) * t.rate).max(0.0);
@@ -469,7 +490,7 @@ impl Sim<'_> {
 
     fn worker_paused(&mut self) {
         self.pending_pauses = self.pending_pauses.saturating_sub(1);
-        if self.pending_pauses == 0 && self.syncing.is_some() {
+        if self.pending_pauses == 0 && self.syncing {
             let s = &self.cfg.sync;
             let dt = s.fixed_s + s.worker_s * self.workers.len() as f64;
             self.at(self.now + dt, Ev::SyncDone);
@@ -477,10 +498,10 @@ impl Sim<'_> {
     }
 
     fn on_sync_done(&mut self) {
-        let Some((t, sync_start)) = self.syncing.take() else {
+        if !std::mem::take(&mut self.syncing) {
             return;
-        };
-        let version = t.version.next();
+        }
+        let version = self.core.buffer().version().next();
         // Every worker loaded the new weights (the real proxy hears it from each update
         // before the resume), then the backends resume and the scheduler dispatches once
         // they generate again.
@@ -495,49 +516,37 @@ impl Sim<'_> {
             self.wake(i, w);
         }
         self.proxy(ProxyEvent::Resume);
-        self.buffer.publish(version);
+        self.core_events
+            .push_back(CoreEvent::SyncFinished { serving: true });
+    }
+
+    fn published(&mut self, p: &PublishedStep) {
+        let Some(t) = self.training.take() else {
+            return;
+        };
         self.steps.push(StepRecord {
-            step: self.steps.len(),
-            version: t.version.0,
+            step: p.step,
+            version: p.version.0,
             samples: t.samples,
             response_tokens: t.response_tokens,
             seq_tokens: t.seq_tokens,
             mean_reward: t.mean_reward,
-            staleness: t.staleness,
-            staleness_max: t.staleness_max,
-            wall_s: self.now - self.last_publish,
-            train_s: sync_start - t.start,
-            wait_s: t.waited,
-            sync_s: self.now - sync_start,
-            end_s: self.now,
-            accounting: self.buffer.accounting(),
+            staleness: p.staleness,
+            staleness_max: p.staleness_max,
+            wall_s: p.wall.as_secs_f64(),
+            train_s: p.train.as_secs_f64(),
+            wait_s: p.wait.as_secs_f64(),
+            sync_s: p.sync.as_secs_f64(),
+            end_s: p.elapsed.as_secs_f64(),
+            accounting: p.accounting,
         });
-        self.last_publish = self.now;
-        self.wait_since = Some(self.now);
-        if self.steps.len() >= self.cfg.steps {
-            self.stopped = true;
-        } else {
-            self.controller_dirty = true;
-        }
     }
 
-    /// Stop: buffered samples are aborted, finished groups still reported, running ones
-    /// counted as aborted — what the real controller does after its last step.
+    /// Stop: the core counts what is buffered or still running as aborted — what the real
+    /// controller does after its last step.
     fn shutdown(&mut self) {
-        self.buffer.shutdown();
-        while let Some((key, outcome)) = self.done_groups.pop_front() {
-            self.buffer.finish(key, outcome);
-        }
-        for key in self.buffer.running_keys() {
-            self.buffer.finish(
-                key,
-                GroupOutcome {
-                    samples: Vec::new(),
-                    aborted: 0,
-                    failed: 0,
-                },
-            );
-        }
+        let now = Duration::from_secs_f64(self.now);
+        self.summary = Some(self.core.close(now));
     }
 
     // ---- Groups and trajectories (mirror EnvManager::run_group / run_trajectory) ----
@@ -820,8 +829,8 @@ impl Sim<'_> {
             aborted: g.progress.aborted() as u64,
             failed: g.progress.failed() as u64,
         };
-        self.done_groups.push_back((key, outcome));
-        self.controller_dirty = true;
+        self.core_events
+            .push_back(CoreEvent::GroupFinished { key, outcome });
     }
 
     // ---- Proxy actions and workers ----
@@ -919,21 +928,20 @@ impl Sim<'_> {
 
     // ---- Results ----
 
-    fn report(&self) -> SimReport {
+    fn report(&mut self) -> SimReport {
         let wall = self.now.max(1e-12);
         let workers = self.workers.len().max(1) as f64;
         let gen_busy: f64 = self.workers.iter().map(|w| w.busy_s).sum();
+        let summary = match self.summary.take() {
+            Some(s) => s,
+            None => self.core.close(Duration::from_secs_f64(self.now)),
+        };
         SimReport {
-            accounting: self.buffer.accounting(),
+            accounting: summary.accounting,
             wall_s: self.now,
             trained_samples: self.steps.iter().map(|s| s.samples as u64).sum(),
             trained_response_tokens: self.steps.iter().map(|s| s.response_tokens).sum(),
-            staleness: self
-                .buffer
-                .staleness_histogram()
-                .iter()
-                .map(|(k, v)| (*k, *v))
-                .collect(),
+            staleness: summary.staleness,
             rollout_util: gen_busy / (workers * wall),
             train_util: self.train_busy_s / wall,
             gen_train_overlap_s: overlap(&self.gen_spans, &self.train_spans),

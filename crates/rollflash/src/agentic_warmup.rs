@@ -174,7 +174,9 @@ pub async fn run(
         }
         let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
         let loss = tokio::task::block_in_place(|| {
-            pool.install(|| crate::warmup::supervised_step(model, &mut opt, &refs, &mask, &device))
+            pool.install(|| {
+                rollflash_trainer::supervised_step(model, &mut opt, &refs, &mask, &device)
+            })
         })?;
         if step % 50 == 0 || step + 1 == w.steps {
             println!(

@@ -799,6 +799,7 @@ async fn run_mode(
             redundancy,
             steps: cfg.train.steps,
             pause_mode: cfg.controller.pause_mode,
+            serve_timeout: std::time::Duration::from_secs_f64(cfg.controller.serve_timeout_secs),
             // The same task stream in every mode of a repeat.
             seed: cfg
                 .seed

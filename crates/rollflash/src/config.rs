@@ -157,6 +157,9 @@ pub struct ControllerSection {
     pub pause_mode: PauseMode,
     /// Run the synchronous baseline instead: α = 0 and no generation while training.
     pub sync: bool,
+    /// After a weight sync that no backend could load, how long the run goes on waiting for
+    /// one to be caught up before it stops (with a checkpoint) as stalled.
+    pub serve_timeout_secs: f64,
 }
 
 impl Default for TrainConfig {
@@ -260,6 +263,7 @@ impl Default for ControllerSection {
         ControllerSection {
             pause_mode: PauseMode::Abort,
             sync: false,
+            serve_timeout_secs: rollflash_trainer::DEFAULT_SERVE_TIMEOUT.as_secs_f64(),
         }
     }
 }
@@ -326,6 +330,7 @@ impl TrainConfig {
             temperature: self.rollout.temperature,
             threads: t.threads,
             micro_batch_size: t.micro_batch_size,
+            device: candle_core::Device::Cpu,
         }
     }
 
@@ -385,6 +390,10 @@ impl TrainConfig {
         }
         if !(r.step_timeout_secs > 0.0) || !r.step_timeout_secs.is_finite() {
             return Err(field("rollout.step_timeout_secs", "must be > 0"));
+        }
+        let c = &self.controller;
+        if !(c.serve_timeout_secs > 0.0) || !c.serve_timeout_secs.is_finite() {
+            return Err(field("controller.serve_timeout_secs", "must be > 0"));
         }
         let t = &self.train;
         if t.steps == 0 {

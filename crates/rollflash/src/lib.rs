@@ -6,18 +6,17 @@ pub mod agentic_warmup;
 pub mod bench_rl;
 pub mod checkpoint;
 pub mod config;
-pub mod controller;
-pub mod learner;
 pub mod metrics;
 pub mod pipeline;
 pub mod progress;
 pub mod prometheus;
 pub mod report;
-pub mod stop;
 pub mod warmup;
 
-pub use controller::{
-    AsyncController, ControllerConfig, ControllerError, Cursor, Learner, LearnerError, NoSink,
-    ResumeFrom, RunReport, SinkError, StepRecord, StepSink, StepStats,
+// The controller and the learner live in `rollflash-trainer`; re-exported so callers of the
+// run assembly see one set of names.
+pub use rollflash_trainer::{
+    controller, learner, stop, AsyncController, ControllerConfig, ControllerError, Cursor, Learner,
+    LearnerError, NoSink, ResumeFrom, RunReport, SinkError, StepRecord, StepSink, StepStats,
+    StopFlag,
 };
-pub use stop::StopFlag;

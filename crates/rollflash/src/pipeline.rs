@@ -40,6 +40,7 @@ use crate::progress::Progress;
 use crate::prometheus::{PromServer, SharedGauges};
 use crate::report::RunSummary;
 use crate::{agentic_warmup, warmup};
+use rollflash_trainer::RunEnd;
 
 /// Why a run failed; the message says at which stage.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +80,18 @@ pub enum PipelineError {
     },
     #[error("{0}")]
     Invalid(String),
+    /// After a weight sync no backend served the new weights within
+    /// `controller.serve_timeout_secs`; the run stopped with a checkpoint of where it was.
+    #[error(
+        "no rollout backend serves policy {version} {waited_s:.0} s after its weight sync \
+         (controller.serve_timeout_secs); stopped with a checkpoint at {}",
+        checkpoint.display()
+    )]
+    Stalled {
+        version: PolicyVersion,
+        waited_s: f64,
+        checkpoint: PathBuf,
+    },
     /// A stop was asked for (Ctrl-C, SIGTERM) before RL training started; nothing was
     /// trained, so nothing was saved.
     #[error("interrupted during {phase}; nothing to save yet")]
@@ -536,6 +549,7 @@ pub async fn run_with(
             redundancy: cfg.rollout.group_size_redundancy,
             steps: cfg.train.steps,
             pause_mode: cfg.controller.pause_mode,
+            serve_timeout: std::time::Duration::from_secs_f64(cfg.controller.serve_timeout_secs),
             seed: cfg.seed.wrapping_mul(1_000_003),
         },
         rollout.proxy.handle(),
@@ -583,9 +597,10 @@ pub async fn run_with(
         }
     };
 
-    // An interrupted run is not evaluated (the user asked it to stop); it saves where it
-    // stopped so `--resume` continues from there.
-    let eval_after = if report.interrupted {
+    // A run that stopped early (the user asked; or no backend served its weights) is not
+    // evaluated; it saves where it stopped so `--resume` continues from there.
+    let stopped_early = report.end != RunEnd::Completed;
+    let eval_after = if stopped_early {
         None
     } else {
         // Every step ran; a stop now only skips the evaluation.
@@ -602,7 +617,7 @@ pub async fn run_with(
     }
     rollout.proxy.shutdown().await?;
 
-    let final_dir = if report.interrupted {
+    let final_dir = if stopped_early {
         let c = match sink.checkpointer.take() {
             Some(c) => c,
             None => Checkpointer::new(
@@ -664,6 +679,13 @@ pub async fn run_with(
     } else {
         None
     };
+    if let RunEnd::Stalled { version, waited } = report.end {
+        return Err(PipelineError::Stalled {
+            version,
+            waited_s: waited.as_secs_f64(),
+            checkpoint: final_dir,
+        });
+    }
     Ok(TrainSummary {
         eval_before,
         eval_after,

@@ -3,12 +3,10 @@
 
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 use rollflash_env::math_task::MathTask;
 use rollflash_model::tokenizer::Tokenizer;
-use rollflash_model::train::{
-    token_stats, AdamW, GradAccumulator, OptimizerConfig, TrainableModel,
-};
+use rollflash_model::train::{AdamW, OptimizerConfig, TrainableModel};
 
 use crate::config::TrainConfig;
 use crate::pipeline::PipelineError;
@@ -66,7 +64,9 @@ pub fn run(
             seqs.push(ids);
         }
         let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-        let loss = pool.install(|| supervised_step(model, &mut opt, &refs, &mask, &device))?;
+        let loss = pool.install(|| {
+            rollflash_trainer::supervised_step(model, &mut opt, &refs, &mask, &device)
+        })?;
         if step % 50 == 0 || step + 1 == w.steps {
             println!(
                 "warm-up step {step:>4}  loss {loss:.4}  {:.0}s",
@@ -111,24 +111,4 @@ pub(crate) fn unit_hash(seed: u64, step: u64, i: u64) -> f64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
     (z >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// One next-token step: mean negative log-likelihood over the tokens `mask` marks, one
-/// AdamW update. Shared by the math and the agentic warm-ups.
-pub fn supervised_step(
-    model: &TrainableModel,
-    opt: &mut AdamW,
-    seqs: &[&[u32]],
-    mask: &[f32],
-    device: &Device,
-) -> Result<f32, PipelineError> {
-    let n_loss: f32 = mask.iter().sum::<f32>().max(1.0);
-    let s = token_stats(model.model(), seqs, 1.0, false)?;
-    let m = Tensor::from_vec(mask.to_vec(), s.logprobs.dims1()?, device)?;
-    let loss = ((s.logprobs * m)?.sum_all()?.neg()? / f64::from(n_loss))?;
-    let grads = loss.backward()?;
-    let mut acc = GradAccumulator::default();
-    acc.add(model, &grads)?;
-    opt.step(model, &acc)?;
-    Ok(loss.to_scalar::<f32>()?)
 }

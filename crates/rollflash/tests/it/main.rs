@@ -1,4 +1,4 @@
-//! Integration tests of the `rollflash` crate: the controller, and the binary as real
+//! Integration tests of the `rollflash` crate: the run assembly, and the binary as real
 //! processes on loopback ports.
 
 // Test code: a failed unwrap is a failed test.
@@ -7,13 +7,10 @@
 mod bad_models;
 mod bench_rl;
 mod config;
-mod controller;
 mod env_serve;
 mod eval;
-mod faults;
 mod fuzz_config;
 mod interrupt;
-mod learner;
 mod prometheus;
 mod resume;
 mod secrets;

@@ -47,7 +47,7 @@ fn column(rows: &[Value], key: &str) -> Vec<f64> {
 fn max_weight_diff(a: &Path, b: &Path) -> f64 {
     let wa = rollflash_model::hf::load_weights(a, &Device::Cpu).unwrap();
     let wb = rollflash_model::hf::load_weights(b, &Device::Cpu).unwrap();
-    crate::util::max_weight_diff(&wa, &wb)
+    wa.max_abs_diff(&wb).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -258,6 +258,7 @@ async fn a_server_killed_mid_run_and_restarted_loses_nothing_and_rejoins() {
             steps,
             pause_mode: PauseMode::Abort,
             seed: 1,
+            ..Default::default()
         },
         h.clone(),
         envs,

@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use candle_core::{DType, Device};
-use rollflash::learner::{LearnerConfig, PolicyLearner};
-use rollflash::{AsyncController, ControllerConfig};
 use rollflash_core::buffer::BufferConfig;
 use rollflash_core::proxy::LeastLoaded;
 use rollflash_core::{PauseMode, PolicyVersion, SamplingParams};
@@ -24,6 +22,8 @@ use rollflash_rollout::{
 };
 use rollflash_train::advantage::AdvantageEstimator;
 use rollflash_train::loss::{LossConfig, PgVariant};
+use rollflash_trainer::{AsyncController, ControllerConfig};
+use rollflash_trainer::{LearnerConfig, PolicyLearner};
 use tokio::sync::watch;
 
 /// Reward 1 when the one-character answer is a digit (10 of the ~95 printable characters).
@@ -114,6 +114,7 @@ async fn rl_raises_the_reward_of_a_one_token_bandit() {
             temperature: 1.0,
             threads: 1,
             micro_batch_size: 0,
+            device: Device::Cpu,
         },
     )
     .unwrap();
@@ -129,6 +130,7 @@ async fn rl_raises_the_reward_of_a_one_token_bandit() {
             steps: 30,
             pause_mode: PauseMode::Abort,
             seed: 11,
+            ..Default::default()
         },
         proxy.handle(),
         envs,
@@ -201,8 +203,8 @@ fn train_once(
     w: &Weights,
     batch: &rollflash_core::buffer::Batch<rollflash_core::Trajectory>,
     lc: LearnerConfig,
-) -> (Weights, rollflash::StepStats) {
-    use rollflash::Learner;
+) -> (Weights, rollflash_trainer::StepStats) {
+    use rollflash_trainer::Learner;
     let model = TrainableModel::new(cfg, w, DType::F32, &Device::Cpu).unwrap();
     let mut learner = PolicyLearner::new(model, lc).unwrap();
     let (update, stats) = learner.train(batch).unwrap();
@@ -250,6 +252,7 @@ fn micro_batches_give_the_whole_batch_update() {
                     temperature: 1.0,
                     threads: 1,
                     micro_batch_size: micro,
+                    device: Device::Cpu,
                 },
             )
         };
@@ -262,10 +265,8 @@ fn micro_batches_give_the_whole_batch_update() {
                 stats.loss,
                 full_stats.loss
             );
-            for (name, t) in full.tensors() {
-                let d = crate::util::max_abs_diff(t, &part.tensors()[name]);
-                assert!(d < 1e-6, "{agg:?} micro {micro}: {name} differs by {d}");
-            }
+            let d = full.max_abs_diff(&part).unwrap();
+            assert!(d < 1e-6, "{agg:?} micro {micro}: weights differ by {d}");
         }
         if kl_coef > 0.0 {
             assert!(full_stats.metrics.iter().any(|(k, _)| k == "kl_ref"));
@@ -308,6 +309,7 @@ fn reinforce_pp_kl_reward_penalty_uses_the_reference_and_moves_the_update() {
                 temperature: 1.0,
                 threads: 1,
                 micro_batch_size: 2,
+                device: Device::Cpu,
             },
         )
     };
@@ -338,6 +340,6 @@ fn reinforce_pp_kl_reward_penalty_uses_the_reference_and_moves_the_update() {
         .map(|(_, v)| *v)
         .expect("kl_reward metric");
     assert!((got - want).abs() < 1e-5, "kl_reward {got} vs {want}");
-    let moved = crate::util::max_weight_diff(&plain, &penalised);
+    let moved = plain.max_abs_diff(&penalised).unwrap();
     assert!(moved > 1e-6, "the penalty changed nothing");
 }

@@ -39,6 +39,8 @@ pub struct LearnerConfig {
     /// Sequences per forward/backward pass; gradients are accumulated over the batch and
     /// one optimiser step is taken (0 = the whole batch at once). Bounds activation memory.
     pub micro_batch_size: usize,
+    /// Where the trainer's tensors live (the run plan's device).
+    pub device: Device,
 }
 
 /// The trainer's model and optimiser state.
@@ -61,8 +63,8 @@ impl std::fmt::Debug for PolicyLearner {
     }
 }
 
-fn err(e: impl std::fmt::Display) -> LearnerError {
-    LearnerError(e.to_string())
+fn err<E: Into<LearnerError>>(e: E) -> LearnerError {
+    e.into()
 }
 
 impl PolicyLearner {
@@ -83,9 +85,9 @@ impl PolicyLearner {
             reference,
             model,
             opt: AdamW::new(cfg.optimizer.clone()),
+            device: cfg.device.clone(),
             cfg,
             pool,
-            device: Device::Cpu,
         })
     }
 
@@ -121,11 +123,11 @@ impl PolicyLearner {
         }
         offsets.push(total);
         if mask.len() != total || behav.len() != total {
-            return Err(err(format!(
-                "batch has {total} tokens but {} mask and {} log-prob entries",
-                mask.len(),
-                behav.len()
-            )));
+            return Err(LearnerError::Layout {
+                tokens: total,
+                mask: mask.len(),
+                logprobs: behav.len(),
+            });
         }
         let n_seq = seqs.len();
         let mb = match self.cfg.micro_batch_size {
@@ -153,7 +155,11 @@ impl PolicyLearner {
             None => None,
         };
         if ref_logp.as_ref().is_some_and(|r| r.len() != total) {
-            return Err(err("reference log-probs do not cover the batch"));
+            return Err(LearnerError::Layout {
+                tokens: total,
+                mask: mask.len(),
+                logprobs: ref_logp.as_ref().map_or(0, Vec::len),
+            });
         }
         let reward_kl = match &ref_logp {
             Some(r) if self.cfg.advantage.reward_kl_coef() > 0.0 => {

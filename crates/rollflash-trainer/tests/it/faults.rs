@@ -13,7 +13,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rollflash::{AsyncController, ControllerConfig, Learner, LearnerError, RunReport, StepStats};
 use rollflash_core::buffer::{Batch, BufferConfig};
 use rollflash_core::proxy::LeastLoaded;
 use rollflash_core::{PauseMode, PolicyVersion, SamplingParams, Trajectory};
@@ -23,6 +22,9 @@ use rollflash_model::tokenizer::Tokenizer;
 use rollflash_rollout::{
     Backend, BackendEntry, EnvFactory, EnvManager, EnvManagerConfig, InstantBackend, LlmProxy,
     ProxyConfig, Renderer, WeightUpdate,
+};
+use rollflash_trainer::{
+    AsyncController, ControllerConfig, Learner, LearnerError, RunReport, StepStats,
 };
 use tokio::sync::watch;
 
@@ -271,6 +273,7 @@ impl Setup {
                 steps: self.steps,
                 pause_mode: self.pause_mode,
                 seed: 1,
+                ..Default::default()
             },
             proxy.handle(),
             envs,

@@ -7,15 +7,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rollflash::{AsyncController, ControllerConfig, Learner, LearnerError, StepStats, StopFlag};
 use rollflash_core::buffer::{Batch, BufferConfig};
 use rollflash_core::proxy::LeastLoaded;
 use rollflash_core::{PauseMode, PolicyVersion, SamplingParams, Trajectory};
 use rollflash_env::{Env, EnvError, Reset, Step};
 use rollflash_model::tokenizer::Tokenizer;
+use rollflash_rollout::GroupResult;
 use rollflash_rollout::{
     Backend, BackendEntry, EnvFactory, EnvManager, EnvManagerConfig, InstantBackend, LlmProxy,
     ProxyConfig, Renderer, WeightUpdate,
+};
+use rollflash_trainer::{
+    AsyncController, ControllerConfig, EnvGroups, GroupRunner, Learner, LearnerError, NoSink,
+    RunEnd, StepStats, StopFlag,
 };
 use tokio::sync::watch;
 
@@ -106,36 +110,21 @@ impl Learner for CheckingLearner {
     }
 }
 
-async fn run(
-    alpha: f64,
-    barrier: bool,
-    redundancy: usize,
-) -> (
-    rollflash::RunReport,
-    Vec<(PolicyVersion, Vec<PolicyVersion>)>,
-) {
-    let (report, seen, _) = run_stopping(alpha, barrier, redundancy, None).await;
-    (report, seen)
+/// A proxy over `backends`, an environment manager and a factory of [`TailEnv`]s.
+struct Rollout {
+    proxy: LlmProxy,
+    envs: EnvManager,
+    make_env: EnvFactory,
+    version: watch::Sender<PolicyVersion>,
+    /// Environments alive.
+    live: Arc<AtomicUsize>,
 }
 
-/// As [`run`], asking for a stop during step `stop_at` when given; also returns how many
-/// environments are still alive after the run.
-async fn run_stopping(
-    alpha: f64,
-    barrier: bool,
-    redundancy: usize,
-    stop_at: Option<usize>,
-) -> (
-    rollflash::RunReport,
-    Vec<(PolicyVersion, Vec<PolicyVersion>)>,
-    usize,
-) {
-    let backends: Vec<BackendEntry> = (0..2)
-        .map(|i| BackendEntry {
-            backend: Arc::new(InstantBackend::with_delay(
-                format!("i{i}"),
-                Duration::from_millis(5),
-            )) as Arc<dyn Backend>,
+fn rollout(backends: Vec<Arc<InstantBackend>>) -> Rollout {
+    let backends: Vec<BackendEntry> = backends
+        .into_iter()
+        .map(|b| BackendEntry {
+            backend: b as Arc<dyn Backend>,
             max_running_requests: 16,
         })
         .collect();
@@ -166,6 +155,54 @@ async fn run_stopping(
             _live: Live::new(&live_envs),
         }) as Box<dyn Env>)
     });
+    Rollout {
+        proxy,
+        envs,
+        make_env,
+        version: vtx,
+        live,
+    }
+}
+
+async fn run(
+    alpha: f64,
+    barrier: bool,
+    redundancy: usize,
+) -> (
+    rollflash_trainer::RunReport,
+    Vec<(PolicyVersion, Vec<PolicyVersion>)>,
+) {
+    let (report, seen, _) = run_stopping(alpha, barrier, redundancy, None).await;
+    (report, seen)
+}
+
+/// As [`run`], asking for a stop during step `stop_at` when given; also returns how many
+/// environments are still alive after the run.
+async fn run_stopping(
+    alpha: f64,
+    barrier: bool,
+    redundancy: usize,
+    stop_at: Option<usize>,
+) -> (
+    rollflash_trainer::RunReport,
+    Vec<(PolicyVersion, Vec<PolicyVersion>)>,
+    usize,
+) {
+    let backends = (0..2)
+        .map(|i| {
+            Arc::new(InstantBackend::with_delay(
+                format!("i{i}"),
+                Duration::from_millis(5),
+            ))
+        })
+        .collect();
+    let Rollout {
+        proxy,
+        envs,
+        make_env,
+        version: vtx,
+        live,
+    } = rollout(backends);
     let buffer = BufferConfig {
         groups_per_batch: 4,
         group_size: 4,
@@ -188,6 +225,7 @@ async fn run_stopping(
             steps: 6,
             pause_mode: PauseMode::Abort,
             seed: 1,
+            ..Default::default()
         },
         proxy.handle(),
         envs,
@@ -283,4 +321,149 @@ async fn a_stop_mid_run_aborts_rollout_publishes_the_running_step_and_accounts_f
     let (report, _, alive) = run_stopping(1.0, false, 0, None).await;
     assert!(!report.interrupted);
     assert_eq!((report.steps.len(), alive), (6, 0));
+}
+
+/// Rolls groups out with [`EnvGroups`], except that the group of task seed `panic_seed`
+/// panics in the group task itself (not in an environment, which the manager catches).
+struct PanickingGroups {
+    inner: EnvGroups,
+    panic_seed: u64,
+}
+
+#[async_trait]
+impl GroupRunner for PanickingGroups {
+    async fn run_group(&self, seed: u64, group_size: usize, redundancy: usize) -> GroupResult {
+        if seed == self.panic_seed {
+            panic!("boom in group {seed}");
+        }
+        self.inner.run_group(seed, group_size, redundancy).await
+    }
+}
+
+/// A group task that panics is counted as failed, with its panic message, and another group
+/// takes its place: the synchronous baseline used to wait forever for its batch.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_group_task_counts_as_failed_and_the_run_goes_on() {
+    for barrier in [true, false] {
+        let r = rollout(vec![Arc::new(InstantBackend::with_delay(
+            "i0",
+            Duration::from_millis(5),
+        ))]);
+        let buffer = BufferConfig {
+            groups_per_batch: 2,
+            group_size: 4,
+            alpha: if barrier { 0.0 } else { 1.0 },
+            barrier,
+            ..Default::default()
+        };
+        let learner = CheckingLearner {
+            cfg: buffer.clone(),
+            seen: Arc::default(),
+            stop_at: None,
+        };
+        let groups = PanickingGroups {
+            inner: EnvGroups {
+                envs: r.envs.clone(),
+                make_env: Arc::clone(&r.make_env),
+            },
+            panic_seed: 2,
+        };
+        let ctl = AsyncController::with_groups(
+            ControllerConfig {
+                buffer,
+                redundancy: 1,
+                steps: 3,
+                seed: 1,
+                ..Default::default()
+            },
+            r.proxy.handle(),
+            Arc::new(groups),
+            r.version,
+            learner,
+        )
+        .unwrap();
+        let report = tokio::time::timeout(Duration::from_secs(24 * 3600), ctl.run())
+            .await
+            .expect("the run waited forever for the panicked group")
+            .unwrap();
+        assert_eq!(report.steps.len(), 3);
+        let a = report.accounting;
+        assert!(a.balanced(), "{a:?}");
+        assert!(
+            a.failed >= 5,
+            "the lost group's 4 + 1 samples failed: {a:?}"
+        );
+        assert_eq!(report.lost_groups.len(), 1, "{:?}", report.lost_groups);
+        assert!(
+            report.lost_groups[0].contains("boom in group 2"),
+            "{:?}",
+            report.lost_groups
+        );
+        r.proxy.shutdown().await.unwrap();
+    }
+}
+
+/// The only backend cannot load any weight update: after the first step's sync nothing can
+/// generate under the current weights. The run stops as stalled after `serve_timeout`
+/// (it used to wait forever while the proxy retried the update).
+#[tokio::test(start_paused = true)]
+async fn a_weight_sync_no_backend_can_load_stops_the_run_as_stalled() {
+    let backend = Arc::new(InstantBackend::with_delay("i0", Duration::from_millis(5)));
+    backend.set_failing_updates(true);
+    let r = rollout(vec![Arc::clone(&backend)]);
+    let buffer = BufferConfig {
+        groups_per_batch: 2,
+        group_size: 2,
+        alpha: 1.0,
+        ..Default::default()
+    };
+    let learner = CheckingLearner {
+        cfg: buffer.clone(),
+        seen: Arc::default(),
+        stop_at: None,
+    };
+    let ctl = AsyncController::new(
+        ControllerConfig {
+            buffer,
+            steps: 4,
+            seed: 1,
+            serve_timeout: Duration::from_secs(30),
+            ..Default::default()
+        },
+        r.proxy.handle(),
+        r.envs.clone(),
+        Arc::clone(&r.make_env),
+        r.version,
+        learner,
+    )
+    .unwrap();
+    let (report, learner) = tokio::time::timeout(
+        Duration::from_secs(24 * 3600),
+        ctl.run_with_sink(&mut NoSink),
+    )
+    .await
+    .expect("the run waited forever for a backend")
+    .unwrap();
+    let RunEnd::Stalled { version, waited } = report.end else {
+        panic!("the run ended {:?}", report.end);
+    };
+    assert!(
+        learner.is_some(),
+        "the learner comes back, to be checkpointed"
+    );
+    assert_eq!(version, report.cursor.version);
+    assert!(waited >= Duration::from_secs(30), "{waited:?}");
+    assert!(
+        report.steps.len() < 4,
+        "stopped before its steps: {}",
+        report.steps.len()
+    );
+    let a = report.accounting;
+    assert!(a.balanced() && a.running == 0 && a.buffered == 0, "{a:?}");
+    assert_eq!(
+        r.live.load(Ordering::SeqCst),
+        0,
+        "no environment outlives the run"
+    );
+    r.proxy.shutdown().await.unwrap();
 }

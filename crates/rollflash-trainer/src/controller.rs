@@ -1,0 +1,731 @@
+//! `AsyncController`: the driver of `rollflash_core::controller::ControllerCore` with real
+//! tasks. The core decides (which groups start, when a step trains, sync, publication, the
+//! end); this file carries the decisions out — each group's rollout in its own task, each
+//! training step on a blocking thread, each weight sync through the proxy (pause → update
+//! every backend → resume) — and reports back what happened, with the time since the run
+//! started as the core's clock. With α = 0 and the barrier on, the same loop is the
+//! synchronous baseline.
+
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use rollflash_core::buffer::{Accounting, Batch, BufferConfig, BufferConfigError, GroupOutcome};
+use rollflash_core::controller::{
+    ControllerCore, CoreAction, CoreConfig, CoreEvent, PublishedStep, RunEnd,
+};
+use rollflash_core::{PauseMode, PolicyVersion, Trajectory};
+use rollflash_rollout::{
+    EnvFactory, EnvManager, GroupResult, ProxyError, ProxyHandle, SyncTimings, WeightUpdate,
+};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+pub use rollflash_core::controller::{Cursor, ResumeFrom};
+
+use crate::StopFlag;
+
+/// What one training step reports.
+#[derive(Debug, Clone, Default)]
+pub struct StepStats {
+    pub loss: f64,
+    /// Free-form named metrics (KL, entropy, clip fraction…).
+    pub metrics: Vec<(String, f64)>,
+}
+
+/// The training side, as the controller sees it: one step on a batch, returning the new
+/// weights to publish. Runs on a blocking thread (it is CPU-bound).
+pub trait Learner: Send + 'static {
+    /// Trains on `batch` (whose `version` is the policy it starts from) and returns the
+    /// weights of version `batch.version + 1`.
+    fn train(
+        &mut self,
+        batch: &Batch<Trajectory>,
+    ) -> Result<(WeightUpdate, StepStats), LearnerError>;
+}
+
+/// A training step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LearnerError {
+    #[error("training step: tensor operation failed: {0}")]
+    Tensor(#[from] candle_core::Error),
+    #[error("training step: model: {0}")]
+    Model(#[from] rollflash_model::ModelError),
+    #[error("training step: loss or advantages: {0}")]
+    Train(#[from] rollflash_train::TrainError),
+    #[error("training step: thread pool: {0}")]
+    ThreadPool(#[from] rayon::ThreadPoolBuildError),
+    /// The batch's token, mask and log-prob counts disagree.
+    #[error(
+        "training step: batch has {tokens} tokens but {mask} mask and {logprobs} log-prob entries"
+    )]
+    Layout {
+        tokens: usize,
+        mask: usize,
+        logprobs: usize,
+    },
+    /// Another learner's failure.
+    #[error("training step failed: {0}")]
+    Other(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl LearnerError {
+    /// A failure described by a message (for learners outside this crate).
+    pub fn other(message: impl Into<String>) -> Self {
+        LearnerError::Other(message.into().into())
+    }
+}
+
+/// A step observer (metrics, checkpoints) failed; the run stops rather than lose them.
+#[derive(Debug, thiserror::Error)]
+#[error("step observer failed: {message}")]
+pub struct SinkError {
+    pub message: String,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl SinkError {
+    /// An error with a message and the error that caused it.
+    pub fn new(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        SinkError {
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+}
+
+/// Sees every step as it is published, with the learner at the new version: writes
+/// metrics, shows progress, saves checkpoints. Runs on the controller's task, between
+/// steps; keep it short.
+pub trait StepSink<L>: Send {
+    /// One step was published.
+    fn on_step(
+        &mut self,
+        record: &StepRecord,
+        learner: &L,
+        cursor: Cursor,
+    ) -> Result<(), SinkError>;
+}
+
+/// A sink that does nothing.
+#[derive(Debug, Default)]
+pub struct NoSink;
+
+impl<L> StepSink<L> for NoSink {
+    fn on_step(&mut self, _: &StepRecord, _: &L, _: Cursor) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+/// The rollout plane as the controller sees it: one group's rollout from a task seed.
+#[async_trait]
+pub trait GroupRunner: Send + Sync + 'static {
+    /// Runs `group_size + redundancy` trajectories of the task `seed` and keeps the first
+    /// `group_size` usable ones.
+    async fn run_group(&self, seed: u64, group_size: usize, redundancy: usize) -> GroupResult;
+}
+
+/// Groups rolled out by an [`EnvManager`] over environments from a factory.
+#[derive(Clone)]
+pub struct EnvGroups {
+    pub envs: EnvManager,
+    pub make_env: EnvFactory,
+}
+
+#[async_trait]
+impl GroupRunner for EnvGroups {
+    async fn run_group(&self, seed: u64, group_size: usize, redundancy: usize) -> GroupResult {
+        self.envs
+            .run_group(Arc::clone(&self.make_env), seed, group_size, redundancy)
+            .await
+    }
+}
+
+/// Why the controller stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error(transparent)]
+    Learner(#[from] LearnerError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error("invalid controller config: {0}")]
+    Config(#[from] BufferConfigError),
+    #[error("training task panicked: {0}")]
+    Panicked(String),
+    /// After a weight sync no backend served the new weights within the configured time.
+    #[error(
+        "no backend serves policy {version} {:.0} s after its weight sync \
+         (controller.serve_timeout_secs); every backend failed to load it",
+        waited.as_secs_f64()
+    )]
+    Stalled {
+        version: PolicyVersion,
+        waited: Duration,
+    },
+    /// Nothing was running and nothing could start: a bug, reported instead of a hang.
+    #[error("the controller has nothing to wait for ({running} groups running, no step training, {buffered} samples buffered)")]
+    Stuck { running: usize, buffered: u64 },
+}
+
+/// Settings of the controller loop.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// Admission, α, filtering, barrier.
+    pub buffer: BufferConfig,
+    /// Extra trajectories per group (redundant environment rollout).
+    pub redundancy: usize,
+    /// Training steps to run.
+    pub steps: usize,
+    /// How in-flight requests are treated during a weight sync.
+    pub pause_mode: PauseMode,
+    /// The first task seed; group `k` uses `seed + k`.
+    pub seed: u64,
+    /// How long the run goes on after a weight sync that no backend could load, waiting for
+    /// one to be caught up (the proxy keeps trying), before it stops as stalled.
+    pub serve_timeout: Duration,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            buffer: BufferConfig::default(),
+            redundancy: 0,
+            steps: 1,
+            pause_mode: PauseMode::default(),
+            seed: 0,
+            serve_timeout: DEFAULT_SERVE_TIMEOUT,
+        }
+    }
+}
+
+/// The default of [`ControllerConfig::serve_timeout`]: long enough for a restarted server
+/// to come back and load a checkpoint, short enough that a broken fleet is noticed.
+pub const DEFAULT_SERVE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How often the controller asks the proxy whether a backend serves the newest weights
+/// while none does (a message to the proxy task: cheap).
+const SERVING_PROBE: Duration = Duration::from_millis(250);
+
+/// What happened in one step, for logs, metrics and benchmarks.
+#[derive(Debug, Clone)]
+pub struct StepRecord {
+    pub step: usize,
+    /// The version the step trained from.
+    pub version: PolicyVersion,
+    pub samples: usize,
+    /// Model tokens trained on.
+    pub tokens: usize,
+    pub mean_reward: f64,
+    /// Fraction of the batch's samples whose reward reached the success threshold.
+    pub accuracy: f64,
+    /// Mean of −log π_behav(token) over the batch's model tokens: a Monte Carlo estimate
+    /// of the sampling policy's per-token entropy, free because the engine recorded the
+    /// log-probs.
+    pub sampled_entropy: f64,
+    /// Mean (version − start version) of the batch.
+    pub staleness: f64,
+    /// Samples of the batch by staleness (version − start version), ascending.
+    pub staleness_hist: Vec<(u64, u64)>,
+    /// Largest staleness in the batch; never above ⌈α⌉.
+    pub staleness_max: u64,
+    /// Time from the previous publication (or the start) to this one.
+    pub wall: Duration,
+    /// Time the trainer spent in the step.
+    pub train: Duration,
+    /// Time the trainer waited for a batch.
+    pub wait: Duration,
+    /// Time within `wall` when no rollout group was running (nothing to generate or
+    /// admission closed) or generation was paused for the weight sync.
+    pub rollout_idle: Duration,
+    /// Time since the controller started (at this publication).
+    pub elapsed: Duration,
+    pub sync: SyncTimings,
+    pub stats: StepStats,
+    pub accounting: Accounting,
+}
+
+/// The result of a run.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub steps: Vec<StepRecord>,
+    pub accounting: Accounting,
+    pub wall: Duration,
+    /// Trained samples by staleness.
+    pub staleness: Vec<(u64, u64)>,
+    /// Where the run ended (what a checkpoint of its end would hold).
+    pub cursor: Cursor,
+    /// How the run ended.
+    pub end: RunEnd,
+    /// The run stopped before `steps` because a stop was asked for
+    /// ([`AsyncController::with_stop`]).
+    pub interrupted: bool,
+    /// Groups whose task panicked (their samples count as failed), with the panic messages
+    /// (the first few).
+    pub lost_groups: Vec<String>,
+}
+
+impl RunReport {
+    /// Trained samples per second over the whole run.
+    pub fn samples_per_sec(&self) -> f64 {
+        self.accounting.trained as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// Trained model tokens per second over the whole run.
+    pub fn tokens_per_sec(&self) -> f64 {
+        let t: usize = self.steps.iter().map(|s| s.tokens).sum();
+        t as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+}
+
+/// The controller.
+pub struct AsyncController<L: Learner> {
+    cfg: ControllerConfig,
+    proxy: ProxyHandle,
+    groups: Arc<dyn GroupRunner>,
+    version: watch::Sender<PolicyVersion>,
+    learner: Option<Box<L>>,
+    /// A sample counts as a success (for `accuracy`) when its reward is at least this.
+    success_threshold: f64,
+    /// Continue a checkpointed run instead of starting at version 0.
+    resume: Option<ResumeFrom>,
+    /// Stop early when this is set.
+    stop: Option<StopFlag>,
+}
+
+impl<L: Learner> std::fmt::Debug for AsyncController<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncController")
+            .field("cfg", &self.cfg)
+            .finish()
+    }
+}
+
+/// A group task's result: the rollout, or the panic message.
+type GroupDone = (
+    rollflash_core::buffer::GroupKey,
+    Result<GroupResult, String>,
+);
+
+/// A finished training step waiting for its sync and publication.
+struct Trained {
+    batch: Batch<Trajectory>,
+    update: WeightUpdate,
+    stats: StepStats,
+    sync: SyncTimings,
+}
+
+impl<L: Learner> AsyncController<L> {
+    /// A controller rolling groups out with `envs` over environments from `make_env`.
+    /// `version` is the sender whose receiver the `EnvManager` reads.
+    pub fn new(
+        cfg: ControllerConfig,
+        proxy: ProxyHandle,
+        envs: EnvManager,
+        make_env: EnvFactory,
+        version: watch::Sender<PolicyVersion>,
+        learner: L,
+    ) -> Result<Self, ControllerError> {
+        Self::with_groups(
+            cfg,
+            proxy,
+            Arc::new(EnvGroups { envs, make_env }),
+            version,
+            learner,
+        )
+    }
+
+    /// A controller over any [`GroupRunner`].
+    pub fn with_groups(
+        cfg: ControllerConfig,
+        proxy: ProxyHandle,
+        groups: Arc<dyn GroupRunner>,
+        version: watch::Sender<PolicyVersion>,
+        learner: L,
+    ) -> Result<Self, ControllerError> {
+        cfg.buffer.validate()?;
+        Ok(AsyncController {
+            cfg,
+            proxy,
+            groups,
+            version,
+            learner: Some(Box::new(learner)),
+            success_threshold: 1.0,
+            resume: None,
+            stop: None,
+        })
+    }
+
+    /// Counts a sample as a success (for `accuracy`) when its reward is at least
+    /// `threshold` (default 1: the math task's exact answer, a grid world's goal).
+    pub fn with_success_threshold(mut self, threshold: f64) -> Self {
+        self.success_threshold = threshold;
+        self
+    }
+
+    /// Continues a checkpointed run: the buffer starts at the cursor's version, groups at
+    /// its seed, step numbers after its steps, and the counts from its accounting. The
+    /// learner and the backends must already hold that version's weights.
+    pub fn resume_from(mut self, from: ResumeFrom) -> Self {
+        self.resume = Some(from);
+        self
+    }
+
+    /// Stops the run early when `stop` is set: no new group starts, running groups are
+    /// aborted (their samples count as aborted), buffered samples are aborted, a training
+    /// step already running finishes and is published (so the learner and the backends
+    /// agree), and `run` returns with [`RunReport::interrupted`] set. Nothing the run
+    /// spawned is still running when it returns.
+    pub fn with_stop(mut self, stop: StopFlag) -> Self {
+        self.stop = Some(stop);
+        self
+    }
+
+    /// Runs `cfg.steps` training steps and returns what happened. Everything it started is
+    /// finished or aborted (and counted) before it returns. A stalled run is an error.
+    pub async fn run(self) -> Result<RunReport, ControllerError> {
+        self.run_returning_learner().await.map(|(r, _)| r)
+    }
+
+    /// As [`AsyncController::run`], also handing back the learner (to save its model).
+    pub async fn run_returning_learner(self) -> Result<(RunReport, Option<L>), ControllerError> {
+        let (report, learner) = self.run_with_sink(&mut NoSink).await?;
+        if let RunEnd::Stalled { version, waited } = report.end {
+            return Err(ControllerError::Stalled { version, waited });
+        }
+        Ok((report, learner))
+    }
+
+    /// As [`AsyncController::run_returning_learner`], showing every step to `sink` as it
+    /// is published. A stalled run returns `Ok` with [`RunReport::end`] saying so and the
+    /// learner at the last published version, so the caller can checkpoint it.
+    pub async fn run_with_sink(
+        mut self,
+        sink: &mut dyn StepSink<L>,
+    ) -> Result<(RunReport, Option<L>), ControllerError> {
+        let start = Instant::now();
+        let clock = move || start.elapsed();
+        let core_cfg = CoreConfig {
+            buffer: self.cfg.buffer.clone(),
+            redundancy: self.cfg.redundancy,
+            steps: self.cfg.steps,
+            seed: self.cfg.seed,
+            serve_timeout: self.cfg.serve_timeout,
+        };
+        let mut core = ControllerCore::new(core_cfg, self.resume, clock())?;
+        let mut groups: JoinSet<GroupDone> = JoinSet::new();
+        let mut training: Option<tokio::task::JoinHandle<TrainDone<L>>> = None;
+        let mut trained: Option<Trained> = None;
+        let mut steps = Vec::new();
+        let mut todo: VecDeque<CoreAction<Trajectory>> = VecDeque::new();
+        let mut out = Vec::new();
+        let mut result = Ok(());
+        let mut end = RunEnd::Completed;
+        let stop = self.stop.clone().unwrap_or_default();
+        core.handle(clock(), CoreEvent::Tick, &mut out);
+        todo.extend(out.drain(..));
+
+        'run: loop {
+            while let Some(action) = todo.pop_front() {
+                match action {
+                    CoreAction::StartGroup { key, seed, .. } => {
+                        let runner = Arc::clone(&self.groups);
+                        let (size, red) = (self.cfg.buffer.group_size, self.cfg.redundancy);
+                        groups.spawn(async move {
+                            let run = AssertUnwindSafe(runner.run_group(seed, size, red));
+                            (key, run.catch_unwind().await.map_err(panic_message))
+                        });
+                    }
+                    CoreAction::Train { batch } => {
+                        let Some(mut learner) = self.learner.take() else {
+                            break 'run;
+                        };
+                        training = Some(tokio::task::spawn_blocking(move || {
+                            let out = learner.train(&batch);
+                            TrainDone {
+                                learner,
+                                batch,
+                                out,
+                            }
+                        }));
+                    }
+                    CoreAction::Sync { .. } => {
+                        let serving = match trained.as_mut() {
+                            Some(t) => {
+                                let (timings, serving) = self.sync(&t.update).await;
+                                t.sync = timings;
+                                serving
+                            }
+                            None => false,
+                        };
+                        core.handle(clock(), CoreEvent::SyncFinished { serving }, &mut out);
+                        todo.extend(out.drain(..));
+                    }
+                    CoreAction::Published(p) => {
+                        let Some(t) = trained.take() else {
+                            continue;
+                        };
+                        self.version.send_replace(t.update.version());
+                        let cursor = p.cursor;
+                        let record = self.record(*p, t);
+                        tracing::info!(
+                            step = record.step,
+                            version = %cursor.version,
+                            reward = record.mean_reward,
+                            staleness = record.staleness,
+                            loss = record.stats.loss,
+                            wall_s = record.wall.as_secs_f64(),
+                            "step"
+                        );
+                        if let Some(l) = self.learner.as_deref() {
+                            if let Err(e) = sink.on_step(&record, l, cursor) {
+                                result = Err(e.into());
+                                steps.push(record);
+                                break 'run;
+                            }
+                        }
+                        steps.push(record);
+                    }
+                    CoreAction::AbortRollout => {
+                        tracing::info!(
+                            "stop requested: aborting rollout, finishing the running step"
+                        );
+                        groups.abort_all();
+                    }
+                    CoreAction::Done(e) => {
+                        end = e;
+                        if let RunEnd::Stalled { version, waited } = end {
+                            tracing::error!(
+                                %version,
+                                waited_s = waited.as_secs_f64(),
+                                "no backend serves the newest weights: stopping"
+                            );
+                        }
+                        break 'run;
+                    }
+                }
+            }
+            // Nothing to wait for and no end: say so rather than wait forever.
+            if groups.is_empty() && training.is_none() && core.serve_deadline().is_none() {
+                let b = core.buffer();
+                result = Err(ControllerError::Stuck {
+                    running: b.running_groups(),
+                    buffered: b.accounting().buffered,
+                });
+                break 'run;
+            }
+            let probe = core
+                .serve_deadline()
+                .map(|d| (clock() + SERVING_PROBE).min(d))
+                .map(|at| start + at);
+            let ev = tokio::select! {
+                _ = stop.stopped(), if !core.stopping() => CoreEvent::Stop,
+                Some(done) = groups.join_next(), if !groups.is_empty() => match done {
+                    Ok((key, Ok(g))) => CoreEvent::GroupFinished { key, outcome: outcome(g) },
+                    Ok((key, Err(reason))) => {
+                        tracing::error!(group = key.0, %reason, "rollout group panicked; its samples count as failed");
+                        CoreEvent::GroupLost { key, reason }
+                    }
+                    // Cancelled by a stop: `close` counts it.
+                    Err(_) => CoreEvent::Tick,
+                },
+                done = join_training(&mut training), if training.is_some() => {
+                    training = None;
+                    let done = match done {
+                        Ok(d) => d,
+                        Err(e) => {
+                            result = Err(ControllerError::Panicked(e.to_string()));
+                            break 'run;
+                        }
+                    };
+                    self.learner = Some(done.learner);
+                    match done.out {
+                        Ok((update, stats)) => {
+                            trained = Some(Trained {
+                                batch: done.batch,
+                                update,
+                                stats,
+                                sync: SyncTimings::default(),
+                            });
+                            CoreEvent::TrainFinished
+                        }
+                        Err(e) => {
+                            result = Err(e.into());
+                            break 'run;
+                        }
+                    }
+                }
+                _ = sleep_until(probe), if probe.is_some() => {
+                    if self.serving().await { CoreEvent::Serving } else { CoreEvent::Tick }
+                }
+            };
+            core.handle(clock(), ev, &mut out);
+            todo.extend(out.drain(..));
+        }
+
+        // The end: a running step is finished (not published), groups are aborted and
+        // drained, and the core counts what never reported.
+        if let Some(h) = training.take() {
+            if let Ok(d) = h.await {
+                self.learner = Some(d.learner);
+            }
+        }
+        groups.abort_all();
+        while let Some(done) = groups.join_next().await {
+            let ev = match done {
+                Ok((key, Ok(g))) => CoreEvent::GroupFinished {
+                    key,
+                    outcome: outcome(g),
+                },
+                Ok((key, Err(reason))) => CoreEvent::GroupLost { key, reason },
+                Err(_) => continue,
+            };
+            core.handle(clock(), ev, &mut out);
+            out.clear();
+        }
+        let summary = core.close(clock());
+        result?;
+        let report = RunReport {
+            cursor: summary.cursor,
+            steps,
+            accounting: summary.accounting,
+            wall: summary.wall,
+            interrupted: end == RunEnd::Interrupted,
+            end,
+            staleness: summary.staleness,
+            lost_groups: summary.lost_groups,
+        };
+        Ok((report, self.learner.map(|l| *l)))
+    }
+
+    /// Publishes `update` through the proxy; returns the timings and whether some backend
+    /// holds the new version. A backend that fails leaves rotation (the proxy catches it up
+    /// later); the run goes on with the rest.
+    async fn sync(&self, update: &WeightUpdate) -> (SyncTimings, bool) {
+        let t0 = Instant::now();
+        match self.proxy.sync_weights(update, self.cfg.pause_mode).await {
+            Ok(t) => (t, true),
+            Err(ProxyError::Sync { failed, .. }) => {
+                let serving = failed.len() < self.proxy.backends().len();
+                tracing::warn!(?failed, serving, "weight sync incomplete");
+                (
+                    SyncTimings {
+                        update: t0.elapsed(),
+                        ..Default::default()
+                    },
+                    serving,
+                )
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "weight sync failed");
+                (SyncTimings::default(), false)
+            }
+        }
+    }
+
+    /// Whether some backend is in rotation, i.e. holds the newest weights.
+    async fn serving(&self) -> bool {
+        self.proxy
+            .metrics()
+            .await
+            .is_ok_and(|m| m.backends.iter().any(|(_, _, in_rotation)| *in_rotation))
+    }
+
+    /// The full record of a published step: the core's view plus the batch's contents.
+    fn record(&self, p: PublishedStep, t: Trained) -> StepRecord {
+        let samples = t.batch.groups.iter().flat_map(|g| g.samples.iter());
+        let (mut tokens, mut reward, mut successes) = (0usize, 0.0f64, 0usize);
+        let (mut nll, mut n_tok) = (0.0f64, 0usize);
+        for (traj, r) in samples {
+            tokens += traj.response_tokens();
+            reward += *r;
+            successes += usize::from(*r >= self.success_threshold);
+            for (lp, m) in traj.logprobs.iter().zip(&traj.loss_mask) {
+                if *m == 1 {
+                    nll -= f64::from(*lp);
+                    n_tok += 1;
+                }
+            }
+        }
+        let n = p.samples.max(1) as f64;
+        StepRecord {
+            step: p.step,
+            version: p.version,
+            samples: p.samples,
+            tokens,
+            mean_reward: reward / n,
+            accuracy: successes as f64 / n,
+            sampled_entropy: nll / n_tok.max(1) as f64,
+            staleness: p.staleness,
+            staleness_hist: p.staleness_hist,
+            staleness_max: p.staleness_max,
+            wall: p.wall,
+            train: p.train,
+            wait: p.wait,
+            rollout_idle: p.rollout_idle,
+            elapsed: p.elapsed,
+            sync: t.sync,
+            stats: t.stats,
+            accounting: p.accounting,
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Awaits the running training step (never resolves when there is none; the `select!`
+/// guard keeps it from being polled then).
+async fn join_training<T>(
+    h: &mut Option<tokio::task::JoinHandle<T>>,
+) -> Result<T, tokio::task::JoinError> {
+    match h {
+        Some(h) => h.await,
+        None => std::future::pending().await,
+    }
+}
+
+struct TrainDone<L> {
+    learner: Box<L>,
+    batch: Batch<Trajectory>,
+    out: Result<(WeightUpdate, StepStats), LearnerError>,
+}
+
+/// The text of a panic payload.
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    format!("group task panicked: {text}")
+}
+
+/// A group's rollout result as the buffer counts it. Samples are put in index order, not
+/// finishing order, so a batch (and every float sum over it) does not depend on timing.
+fn outcome(mut g: GroupResult) -> GroupOutcome<Trajectory> {
+    g.kept.sort_by_key(|t| t.index);
+    GroupOutcome {
+        samples: g
+            .kept
+            .into_iter()
+            .map(|t| {
+                let r = t.reward;
+                (t, r)
+            })
+            .collect(),
+        aborted: g.aborted as u64,
+        failed: g.failed.len() as u64,
+    }
+}

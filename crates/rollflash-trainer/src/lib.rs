@@ -1,0 +1,23 @@
+//! `rollflash-trainer`: the controller and the trainer. [`AsyncController`] drives the
+//! controller core (`rollflash_core::controller`) with real tasks — group rollouts through
+//! the [`GroupRunner`] seam, training steps through the [`Learner`] seam on blocking
+//! threads, weight syncs through the proxy — and shows each published step to a
+//! [`StepSink`]. [`PolicyLearner`] is the real training step; [`supervised_step`] the
+//! warm-ups' step; [`StopFlag`] the one-way stop request every phase of a run watches.
+//!
+//! It depends on no command line, plotting or simulator crate: embed it to run the loop.
+
+pub mod controller;
+pub mod learner;
+pub mod stop;
+pub mod supervised;
+
+pub use controller::{
+    AsyncController, ControllerConfig, ControllerError, Cursor, EnvGroups, GroupRunner, Learner,
+    LearnerError, NoSink, ResumeFrom, RunReport, SinkError, StepRecord, StepSink, StepStats,
+    DEFAULT_SERVE_TIMEOUT,
+};
+pub use learner::{LearnerConfig, PolicyLearner};
+pub use rollflash_core::controller::RunEnd;
+pub use stop::StopFlag;
+pub use supervised::supervised_step;
