@@ -1,4 +1,5 @@
-//! The `Env` trait: the Gymnasium / GEM shape (`reset(seed)`, `step(action)`) over text.
+//! The `Env` trait: the Gymnasium / GEM shape (`reset(seed)`, `step(action)`) over text, and
+//! the errors its calls end in.
 
 use async_trait::async_trait;
 
@@ -32,24 +33,108 @@ impl Step {
     }
 }
 
+/// An error of any type, for causes that are open-ended (a panicked worker task, a generated
+/// task that does not evaluate).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Why an environment call failed. A failed call costs its trajectory, never the run.
+///
+/// Messages include their causes, so `to_string()` alone says what happened; `source()` gives
+/// the underlying error itself.
 #[derive(Debug, thiserror::Error)]
 pub enum EnvError {
-    /// The environment itself failed (crashed, injected failure, remote error).
+    /// The environment itself failed (crashed, injected failure).
     #[error("environment failed: {0}")]
     Failed(String),
+    /// The environment failed on an underlying error of its own; `what` says where.
+    #[error("environment failed: {what}: {source}")]
+    Internal {
+        what: String,
+        #[source]
+        source: BoxError,
+    },
     /// The environment returned something that is not a valid observation or reward.
     #[error("environment returned garbage: {0}")]
     Garbage(String),
+    /// A remote environment answered a call with success, but with a body that is not the
+    /// protocol's JSON.
+    #[error("environment returned garbage: {url}: undecodable reply: {source}")]
+    Undecodable {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
     /// `step` was called before `reset` or after the episode ended.
     #[error("environment used out of order: {0}")]
-    OutOfOrder(String),
+    OutOfOrder(OutOfOrder),
     /// A configuration value is invalid; the message names the field.
     #[error("invalid environment config `{field}`: {reason}")]
     Config { field: String, reason: String },
     /// A remote environment could not be reached or answered with an error.
-    #[error("remote environment {url}: {reason}")]
-    Remote { url: String, reason: String },
+    #[error("remote environment {url}: {source}")]
+    Remote {
+        /// The request's URL.
+        url: String,
+        #[source]
+        source: RemoteFailure,
+    },
+}
+
+/// What was out of order in a call to an environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutOfOrder {
+    /// `step` before the first `reset`; `env` names the environment.
+    StepBeforeReset { env: String },
+    /// `step` after the episode ended, without a `reset` in between.
+    StepAfterEnd { env: String },
+    /// A remote server refused the call as out of order (`409`). Which of the above it was is
+    /// only in the server's message, `reply` (status, kind and message).
+    Remote { url: String, reply: String },
+}
+
+impl std::fmt::Display for OutOfOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OutOfOrder::StepBeforeReset { env } => write!(f, "{env}: step before reset"),
+            OutOfOrder::StepAfterEnd { env } => {
+                write!(f, "{env}: step after the episode ended; call reset")
+            }
+            OutOfOrder::Remote { url, reply } => write!(f, "{url}: {reply}"),
+        }
+    }
+}
+
+/// Why a request to a remote environment failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteFailure {
+    /// The HTTP client could not be built.
+    #[error("cannot build the HTTP client: {}", error_chain(.0))]
+    Client(#[source] reqwest::Error),
+    /// No answer, or not all of one: connection refused or reset, timeout, a body cut off.
+    /// `reqwest::Error::is_timeout` tells a timeout apart.
+    #[error("{}", error_chain(.0))]
+    Transport(#[source] reqwest::Error),
+    /// The server answered with an error status. `kind` and `message` are those of the
+    /// protocol's error body; for another body, no kind and the body's start as the message.
+    #[error("{status}{}: {message}", kind.as_ref().map(|k| format!(" {k}")).unwrap_or_default())]
+    Status {
+        status: u16,
+        kind: Option<String>,
+        message: String,
+    },
+}
+
+/// An error and its sources, joined: reqwest's top-level message alone ("error sending
+/// request") hides the cause (connection refused, timed out).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(cause) = src {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        src = cause.source();
+    }
+    s
 }
 
 /// An environment over text. `reset` starts an episode from a seed (same seed, same

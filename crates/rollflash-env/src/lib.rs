@@ -11,4 +11,4 @@ pub mod math_task;
 pub mod remote;
 pub mod verify;
 
-pub use env::{Env, EnvError, Info, Reset, Step};
+pub use env::{BoxError, Env, EnvError, Info, OutOfOrder, RemoteFailure, Reset, Step};

@@ -47,7 +47,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::env::{Env, EnvError, Info, Reset, Step};
+use crate::env::{Env, EnvError, Info, OutOfOrder, RemoteFailure, Reset, Step};
 use crate::envs::{make_env, EnvSpec};
 
 /// Default request body limit: far above any action or spec, far below memory trouble.
@@ -231,8 +231,10 @@ impl From<EnvError> for ApiError {
         let (status, kind) = match &e {
             EnvError::OutOfOrder(_) => (StatusCode::CONFLICT, "out_of_order"),
             EnvError::Config { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
-            EnvError::Garbage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "garbage"),
-            EnvError::Failed(_) | EnvError::Remote { .. } => {
+            EnvError::Garbage(_) | EnvError::Undecodable { .. } => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "garbage")
+            }
+            EnvError::Failed(_) | EnvError::Internal { .. } | EnvError::Remote { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "env_failed")
             }
         };
@@ -497,9 +499,10 @@ impl std::fmt::Debug for RemoteEnvConfig {
 ///
 /// The server-side environment is created lazily by the first `reset` (and re-created once if
 /// the server forgot it, e.g. after idle eviction or a restart). Errors: a `409` reply is
-/// [`EnvError::OutOfOrder`], a success reply that does not decode is [`EnvError::Garbage`],
-/// everything else (connection, timeout, error statuses) is [`EnvError::Remote`] with the
-/// request URL and the server's message.
+/// [`EnvError::OutOfOrder`], a success reply that does not decode is
+/// [`EnvError::Undecodable`], everything else is [`EnvError::Remote`] with the request URL and
+/// a [`RemoteFailure`]: the `reqwest` error of a connection failure or timeout, or the status
+/// and message of an error reply.
 ///
 /// `Drop` cannot await, so dropping a `RemoteEnv` leaves its server-side environment alive
 /// until the server's idle timeout or shutdown; call [`RemoteEnv::close`] to free it at once.
@@ -516,10 +519,7 @@ impl RemoteEnv {
     pub fn new(cfg: RemoteEnvConfig) -> Result<Self, EnvError> {
         let client = reqwest::Client::builder()
             .build()
-            .map_err(|e| EnvError::Remote {
-                url: cfg.url.clone(),
-                reason: error_chain(&e),
-            })?;
+            .map_err(|e| remote(&cfg.url, RemoteFailure::Client(e)))?;
         Ok(RemoteEnv::with_client(client, cfg))
     }
 
@@ -550,7 +550,7 @@ impl RemoteEnv {
             .authed(self.client.delete(&url))
             .send()
             .await
-            .map_err(|e| remote(&url, error_chain(&e)))?;
+            .map_err(|e| remote(&url, RemoteFailure::Transport(e)))?;
         if resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND.as_u16() {
             Ok(())
         } else {
@@ -576,7 +576,7 @@ impl RemoteEnv {
             .authed(self.client.post(url).json(body))
             .send()
             .await
-            .map_err(|e| Failure::Other(remote(url, error_chain(&e))))?;
+            .map_err(|e| Failure::Other(remote(url, RemoteFailure::Transport(e))))?;
         let status = resp.status().as_u16();
         if !resp.status().is_success() {
             let err = error_reply(url, resp).await;
@@ -589,9 +589,12 @@ impl RemoteEnv {
         let bytes = resp
             .bytes()
             .await
-            .map_err(|e| Failure::Other(remote(url, error_chain(&e))))?;
-        serde_json::from_slice(&bytes).map_err(|e| {
-            Failure::Other(EnvError::Garbage(format!("{url}: undecodable reply: {e}")))
+            .map_err(|e| Failure::Other(remote(url, RemoteFailure::Transport(e))))?;
+        serde_json::from_slice(&bytes).map_err(|source| {
+            Failure::Other(EnvError::Undecodable {
+                url: url.to_string(),
+                source,
+            })
         })
     }
 
@@ -626,42 +629,36 @@ impl Failure {
     }
 }
 
-fn remote(url: &str, reason: String) -> EnvError {
+fn remote(url: &str, source: RemoteFailure) -> EnvError {
     EnvError::Remote {
         url: url.to_string(),
-        reason,
+        source,
     }
-}
-
-/// An error and its sources, joined: reqwest's top-level message alone ("error sending
-/// request") hides the cause.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(cause) = src {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        src = cause.source();
-    }
-    s
 }
 
 /// Turns an error reply into an `EnvError`, keeping the server's kind and message.
 async fn error_reply(url: &str, resp: reqwest::Response) -> EnvError {
-    let status = resp.status();
+    let status = resp.status().as_u16();
     let text = resp.text().await.unwrap_or_default();
-    let detail = match serde_json::from_str::<ErrorBody>(&text) {
-        Ok(b) => format!("{} {}: {}", status.as_u16(), b.error.kind, b.error.message),
-        Err(_) => format!(
-            "{}: {}",
-            status.as_u16(),
-            text.chars().take(200).collect::<String>()
-        ),
+    let failure = match serde_json::from_str::<ErrorBody>(&text) {
+        Ok(b) => RemoteFailure::Status {
+            status,
+            kind: Some(b.error.kind),
+            message: b.error.message,
+        },
+        Err(_) => RemoteFailure::Status {
+            status,
+            kind: None,
+            message: text.chars().take(200).collect(),
+        },
     };
-    if status.as_u16() == StatusCode::CONFLICT.as_u16() {
-        EnvError::OutOfOrder(format!("{url}: {detail}"))
+    if status == StatusCode::CONFLICT.as_u16() {
+        EnvError::OutOfOrder(OutOfOrder::Remote {
+            url: url.to_string(),
+            reply: failure.to_string(),
+        })
     } else {
-        remote(url, detail)
+        remote(url, failure)
     }
 }
 
@@ -692,7 +689,9 @@ impl Env for RemoteEnv {
 
     async fn step(&mut self, action: &str) -> Result<Step, EnvError> {
         let Some(id) = &self.env_id else {
-            return Err(EnvError::OutOfOrder("remote env: step before reset".into()));
+            return Err(EnvError::OutOfOrder(OutOfOrder::StepBeforeReset {
+                env: "remote env".into(),
+            }));
         };
         let url = format!("{}/envs/{id}/step", self.base);
         let body = StepRequest {

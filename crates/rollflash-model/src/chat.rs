@@ -13,22 +13,12 @@ use minijinja::value::{from_args, Kwargs, ValueKind};
 use minijinja::{escape_formatter, Environment, Error, ErrorKind, Output, State, Value};
 use serde::{Deserialize, Serialize};
 
-use crate::tokenizer::{config_token, read_tokenizer_config};
+use crate::tokenizer_config::{config_token, read_tokenizer_config};
 use crate::{ModelError, Result};
 
-/// The chat template of the built-in model and tokenizer.
-///
-/// Plain text in the built-in tokenizer's characters: every message is `<|ROLE|>` on its own line,
-/// then the content and a newline; assistant contents end with the eos token (`<eos>`) right
-/// before that newline, so the model learns to stop. The generation prompt is `<|assistant|>\n`.
-/// A system + user conversation renders as
-/// `"<|system|>\nSYSTEM\n<|user|>\nUSER\n<|assistant|>\n"`.
-pub const BUILTIN_CHAT_TEMPLATE: &str = "{% for message in messages %}\
-{{ '<|' + message.role + '|>\\n' + message.content }}\
-{% if message.role == 'assistant' %}{{ eos_token }}{% endif %}\
-{{ '\\n' }}\
-{% endfor %}\
-{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}";
+// Callers name it `chat::BUILTIN_CHAT_TEMPLATE`; it lives with the config reader because the
+// built-in tokenizer's saved `tokenizer_config.json` carries it too.
+pub use crate::tokenizer_config::BUILTIN_CHAT_TEMPLATE;
 
 /// The name the template is stored under in its environment.
 const TEMPLATE_NAME: &str = "chat_template";

@@ -54,6 +54,7 @@ pub mod model;
 mod ops;
 pub mod sampling;
 pub mod tokenizer;
+mod tokenizer_config;
 pub mod train;
 pub mod weights;
 

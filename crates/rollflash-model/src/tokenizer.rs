@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use crate::chat::BUILTIN_CHAT_TEMPLATE;
+use crate::tokenizer_config::{builtin_tokenizer_config, config_token, read_tokenizer_config};
 use crate::{ModelError, Result};
 
 /// Id of `<pad>` in the built-in tokenizer.
@@ -267,41 +267,6 @@ impl Tokenizer {
     }
 }
 
-/// Reads `tokenizer_config.json` as a JSON object.
-pub(crate) fn read_tokenizer_config(path: &Path) -> Result<Map<String, Value>> {
-    if !path.is_file() {
-        return Err(ModelError::MissingFile {
-            path: path.to_path_buf(),
-            what: "tokenizer config (tokenizer_config.json)",
-        });
-    }
-    let text = fs::read_to_string(path).map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let value: Value = serde_json::from_str(&text).map_err(|source| ModelError::Json {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    match value {
-        Value::Object(map) => Ok(map),
-        _ => Err(ModelError::Tokenizer(format!(
-            "{} is not a JSON object",
-            path.display()
-        ))),
-    }
-}
-
-/// A special token named in `tokenizer_config.json`: transformers writes either the string or
-/// an `AddedToken` object with a `content` field.
-pub(crate) fn config_token(config: &Map<String, Value>, key: &str) -> Option<String> {
-    match config.get(key)? {
-        Value::String(s) => Some(s.clone()),
-        Value::Object(obj) => obj.get("content")?.as_str().map(str::to_string),
-        _ => None,
-    }
-}
-
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     fs::write(path, bytes).map_err(|source| ModelError::Io {
         path: path.to_path_buf(),
@@ -431,21 +396,6 @@ fn builtin_hf_tokenizer() -> Result<String> {
         ModelError::Tokenizer(format!("built-in tokenizer.json does not load: {e}"))
     })?;
     Ok(text)
-}
-
-/// The `tokenizer_config.json` of the built-in tokenizer, as transformers reads it.
-fn builtin_tokenizer_config() -> Map<String, Value> {
-    let config = json!({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "unk_token": "<unk>",
-        // transformers would otherwise rewrite " ." to "." and the like when decoding.
-        "clean_up_tokenization_spaces": false,
-        "chat_template": BUILTIN_CHAT_TEMPLATE,
-    });
-    match config {
-        Value::Object(map) => map,
-        _ => Map::new(),
-    }
 }
 
 #[cfg(test)]

@@ -62,21 +62,45 @@ pub struct BackendLoad {
     pub version: PolicyVersion,
 }
 
+/// An error of any type: the causes of a backend failure are open (a transport or decoding
+/// error, io, a joined task, the engine).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Why a backend call failed.
+///
+/// Where an underlying error caused it, that error is the `source`; messages include its text
+/// too, so `to_string()` alone (a retry's reason, a log line) still says what happened.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// The request itself is invalid (bad params, prompt too long); retrying will not help.
-    #[error("invalid request: {0}")]
-    InvalidRequest(String),
+    /// `source` is the engine's error when the engine refused it.
+    #[error("invalid request: {reason}{}", cause(.source))]
+    InvalidRequest {
+        reason: String,
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The backend could not be reached or failed; the request may be retried elsewhere.
-    #[error("backend {backend} unavailable: {reason}")]
-    Unavailable { backend: String, reason: String },
+    /// `source` is the transport (or spawn, or task) error, when there is one.
+    #[error("backend {backend} unavailable: {reason}{}", cause(.source))]
+    Unavailable {
+        backend: String,
+        reason: String,
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The backend did not answer in time.
     #[error("backend {backend} timed out after {secs:.1}s")]
     Timeout { backend: String, secs: f64 },
-    /// The backend answered with something we cannot interpret.
-    #[error("backend {backend} protocol error: {reason}")]
-    Protocol { backend: String, reason: String },
+    /// The backend answered with something we cannot interpret. `source` is the decoding
+    /// error, when there is one.
+    #[error("backend {backend} protocol error: {reason}{}", cause(.source))]
+    Protocol {
+        backend: String,
+        reason: String,
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The backend cannot perform this operation (e.g. in-process weights over HTTP).
     #[error("backend {backend} does not support {what}")]
     Unsupported { backend: String, what: String },
@@ -86,6 +110,15 @@ pub enum BackendError {
     /// The engine failed.
     #[error("engine error")]
     Engine(#[from] rollflash_model::ModelError),
+}
+
+/// `": "` and the text of `source` with its own causes (a `reqwest` error's `Display` alone
+/// hides the one that matters: connection refused, timed out), or nothing.
+fn cause(source: &Option<BoxError>) -> String {
+    match source {
+        Some(e) => format!(": {}", crate::server::error_chain(e.as_ref())),
+        None => String::new(),
+    }
 }
 
 impl BackendError {

@@ -68,7 +68,8 @@ impl EngineBackend {
             .spawn(move || Worker::new(engine).run(rx))
             .map_err(|e| BackendError::Unavailable {
                 backend: cfg.name.clone(),
-                reason: format!("cannot spawn worker thread: {e}"),
+                reason: "cannot spawn worker thread".into(),
+                source: Some(Box::new(e)),
             })?;
         Ok(EngineBackend {
             name: cfg.name,
@@ -143,7 +144,8 @@ impl Backend for EngineBackend {
                 .await
                 .map_err(|e| BackendError::Unavailable {
                     backend: self.name.clone(),
-                    reason: format!("weight loading task failed: {e}"),
+                    reason: "weight loading task failed".into(),
+                    source: Some(Box::new(e)),
                 })??;
                 (Arc::new(loaded.model), *version)
             }
@@ -215,12 +217,14 @@ impl Worker {
                 }
                 Err(e) => {
                     // The step failed as a whole: every request in it fails, the worker stays.
-                    let msg = e.to_string();
+                    // They share the one error.
+                    let e = Arc::new(e);
                     for c in self.engine.abort_all() {
                         if let Some((reply, _)) = self.replies.remove(&c.id) {
-                            let _ = reply.send(Err(BackendError::InvalidRequest(format!(
-                                "engine step failed: {msg}"
-                            ))));
+                            let _ = reply.send(Err(BackendError::InvalidRequest {
+                                reason: "engine step failed".into(),
+                                source: Some(Box::new(Arc::clone(&e))),
+                            }));
                         }
                     }
                 }
@@ -234,9 +238,10 @@ impl Worker {
                 let req = *req;
                 let id = req.id;
                 if self.replies.contains_key(&id) {
-                    let _ = reply.send(Err(BackendError::InvalidRequest(format!(
-                        "{id} is already running on this backend"
-                    ))));
+                    let _ = reply.send(Err(BackendError::InvalidRequest {
+                        reason: format!("{id} is already running on this backend"),
+                        source: None,
+                    }));
                     return;
                 }
                 let start = req.start_version;
@@ -251,7 +256,10 @@ impl Worker {
                         self.replies.insert(id, (reply, start));
                     }
                     Err(e) => {
-                        let _ = reply.send(Err(BackendError::InvalidRequest(e.to_string())));
+                        let _ = reply.send(Err(BackendError::InvalidRequest {
+                            reason: "the engine refused it".into(),
+                            source: Some(Box::new(e)),
+                        }));
                     }
                 }
             }

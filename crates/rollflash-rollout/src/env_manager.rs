@@ -26,6 +26,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::proxy::{ProxyError, ProxyHandle, Replication};
+// A trajectory's failure reason is a string; `ModelError` leaves its cause (a template's line
+// and reason) to `source()`, so reasons carry the whole chain.
+use crate::server::error_chain;
 
 /// How the conversation becomes tokens.
 #[derive(Clone)]
@@ -302,7 +305,7 @@ impl EnvManager {
             }
             let action = match self.tokenizer.decode(&out.output.tokens, true) {
                 Ok(s) => s,
-                Err(e) => return TrajectoryEnd::Failed(format!("decode: {e}")),
+                Err(e) => return TrajectoryEnd::Failed(format!("decode: {}", error_chain(&e))),
             };
             let t1 = Instant::now();
             let step = match tokio::time::timeout(self.cfg.step_timeout, env.step(&action)).await {
@@ -364,7 +367,7 @@ impl EnvManager {
     fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
         self.tokenizer
             .encode(text, false)
-            .map_err(|e| format!("tokenize: {e}"))
+            .map_err(|e| format!("tokenize: {}", error_chain(&e)))
     }
 
     fn first_prompt(
@@ -388,7 +391,7 @@ impl EnvManager {
                 messages.push(ChatMessage::user(observation));
                 let text = template
                     .render(messages, true)
-                    .map_err(|e| format!("chat template: {e}"))?;
+                    .map_err(|e| format!("chat template: {}", error_chain(&e)))?;
                 self.encode(&text)
             }
         }
@@ -416,7 +419,8 @@ impl EnvManager {
                 self.encode(&text)
             }
             Renderer::Chat { template, .. } => {
-                let err = |e: rollflash_model::ModelError| format!("chat template: {e}");
+                let err =
+                    |e: rollflash_model::ModelError| format!("chat template: {}", error_chain(&e));
                 // What the template puts after an assistant message's content: the model
                 // generated the stop token itself when it stopped; the rest (often a
                 // newline) is added here.

@@ -120,6 +120,7 @@ impl InstantBackend {
             return Err(BackendError::Unavailable {
                 backend: self.name.clone(),
                 reason: "injected failure".into(),
+                source: None,
             });
         }
         Ok(())
@@ -135,10 +136,10 @@ impl Backend for InstantBackend {
     async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
         self.check_up()?;
         if req.prompt.is_empty() {
-            return Err(BackendError::InvalidRequest(format!(
-                "{}: empty prompt",
-                req.id
-            )));
+            return Err(BackendError::InvalidRequest {
+                reason: format!("{}: empty prompt", req.id),
+                source: None,
+            });
         }
         let (abort_tx, mut abort_rx) = watch::channel(false);
         {
@@ -167,6 +168,7 @@ impl Backend for InstantBackend {
             return Err(BackendError::Unavailable {
                 backend: self.name.clone(),
                 reason: "injected failure".into(),
+                source: None,
             });
         }
         let mut output = req.resume.clone().unwrap_or_default();
@@ -223,6 +225,7 @@ impl Backend for InstantBackend {
             return Err(BackendError::Unavailable {
                 backend: self.name.clone(),
                 reason: "injected weight update failure".into(),
+                source: None,
             });
         }
         self.lock().version = update.version();

@@ -17,7 +17,7 @@ pub mod tool_use;
 
 use serde::{Deserialize, Serialize};
 
-use crate::env::{Env, EnvError};
+use crate::env::{Env, EnvError, OutOfOrder};
 use crate::latency::{FailureConfig, Flaky, LatencyConfig};
 use crate::math_task::{MathEnv, MathTaskConfig};
 
@@ -256,9 +256,10 @@ pub(crate) fn check_finite(field: &str, v: f64) -> Result<(), EnvError> {
 
 /// The error for `step` before `reset` or after the episode ended.
 pub(crate) fn out_of_order(env: &str, started: bool) -> EnvError {
-    if started {
-        EnvError::OutOfOrder(format!("{env}: step after the episode ended; call reset"))
+    let env = env.to_string();
+    EnvError::OutOfOrder(if started {
+        OutOfOrder::StepAfterEnd { env }
     } else {
-        EnvError::OutOfOrder(format!("{env}: step before reset"))
-    }
+        OutOfOrder::StepBeforeReset { env }
+    })
 }

@@ -651,7 +651,10 @@ impl Env for Sokoban {
                 handle
                     .spawn_blocking(move || generate_room(&cfg, seed))
                     .await
-                    .map_err(|e| EnvError::Failed(format!("sokoban: room generation: {e}")))?
+                    .map_err(|e| EnvError::Internal {
+                        what: "sokoban: room generation".into(),
+                        source: Box::new(e),
+                    })?
             }
             Err(_) => generate_room(&self.cfg, seed),
         };

@@ -348,8 +348,10 @@ fn info(ep: &Episode) -> Info {
 impl Env for ToolUse {
     async fn reset(&mut self, seed: u64) -> Result<Reset, EnvError> {
         let q = question(&self.cfg, seed);
-        let expected =
-            calc(&q).map_err(|e| EnvError::Failed(format!("tool_use: question {q}: {e}")))?;
+        let expected = calc(&q).map_err(|e| EnvError::Internal {
+            what: format!("tool_use: question {q}"),
+            source: Box::new(e),
+        })?;
         let observation = format!(
             "What is {q}?\nCall the calculator with <tool>calc: EXPR</tool>, \
              then reply <answer>NUMBER</answer>."

@@ -7,7 +7,7 @@ use rollflash_env::math_task::{
 };
 use rollflash_env::verify::expr::{evaluate, Grammar, Number, Rational};
 use rollflash_env::verify::{MathVerifier, Verifier};
-use rollflash_env::{Env, EnvError};
+use rollflash_env::{Env, EnvError, OutOfOrder};
 
 fn task(cfg: MathTaskConfig) -> MathTask {
     MathTask::new(cfg).unwrap()
@@ -283,7 +283,15 @@ fn dataset_adapter() {
 #[tokio::test]
 async fn math_env_episode() {
     let mut env = MathEnv::new(MathTaskConfig::default()).unwrap();
-    assert!(matches!(env.step("1").await, Err(EnvError::OutOfOrder(_))));
+    match env.step("1").await {
+        Err(e @ EnvError::OutOfOrder(OutOfOrder::StepBeforeReset { .. })) => {
+            assert_eq!(
+                e.to_string(),
+                "environment used out of order: math: step before reset"
+            )
+        }
+        other => panic!("expected step before reset, got {other:?}"),
+    }
     let p = env.task().problem(11);
     let reset = env.reset(11).await.unwrap();
     assert_eq!(reset.observation, p.prompt);
@@ -292,7 +300,7 @@ async fn math_env_episode() {
     assert!(step.terminated && !step.truncated && step.done());
     assert!(matches!(
         env.step(&p.solution).await,
-        Err(EnvError::OutOfOrder(_))
+        Err(EnvError::OutOfOrder(OutOfOrder::StepAfterEnd { .. }))
     ));
     env.reset(12).await.unwrap();
     let step = env.step("I do not know #### 123456789").await.unwrap();

@@ -7,7 +7,7 @@ use rollflash_env::envs::{make_env, EnvSpec};
 use rollflash_env::remote::{
     constant_time_eq, serve, EnvServerConfig, ErrorBody, HealthResponse, RemoteEnv, RemoteEnvConfig,
 };
-use rollflash_env::{Env, EnvError};
+use rollflash_env::{Env, EnvError, OutOfOrder, RemoteFailure};
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -228,7 +228,14 @@ async fn api_key_is_required_and_checked() {
     let spec = spec(json!({"name": "tool_use"}));
     let mut without = server.remote(&spec);
     match without.reset(0).await {
-        Err(EnvError::Remote { reason, .. }) => assert!(reason.contains("401"), "{reason}"),
+        Err(
+            e @ EnvError::Remote {
+                source: RemoteFailure::Status { status: 401, .. },
+                ..
+            },
+        ) => {
+            assert!(e.to_string().contains("401 unauthorized"), "{e}")
+        }
         other => panic!("expected a 401, got {other:?}"),
     }
     let mut cfg = RemoteEnvConfig::new(&server.url, spec);
@@ -270,12 +277,10 @@ async fn capacity_idle_eviction_and_recreation() {
     a.reset(1).await.expect("first env");
     let mut b = server.remote(&spec);
     match b.reset(1).await {
-        Err(EnvError::Remote { reason, .. }) => {
-            assert!(
-                reason.contains("503") && reason.contains("capacity"),
-                "{reason}"
-            )
-        }
+        Err(EnvError::Remote {
+            source: RemoteFailure::Status { status, kind, .. },
+            ..
+        }) => assert_eq!((status, kind.as_deref()), (503, Some("capacity"))),
         other => panic!("expected capacity error, got {other:?}"),
     }
     a.close().await.expect("close");
@@ -294,7 +299,10 @@ async fn capacity_idle_eviction_and_recreation() {
     let first = a.reset(5).await.expect("a");
     b.reset(5).await.expect("b evicts a");
     match a.step("Left").await {
-        Err(EnvError::Remote { reason, .. }) => assert!(reason.contains("404"), "{reason}"),
+        Err(EnvError::Remote {
+            source: RemoteFailure::Status { status: 404, .. },
+            ..
+        }) => {}
         other => panic!("expected not found, got {other:?}"),
     }
     // The next reset makes a fresh server-side env (evicting b in turn).
@@ -310,12 +318,10 @@ async fn per_request_timeout_ends_a_hung_env() {
     cfg.timeout = Duration::from_millis(200);
     let mut env = RemoteEnv::new(cfg).expect("remote");
     match env.reset(0).await {
-        Err(EnvError::Remote { reason, .. }) => {
-            assert!(
-                reason.contains("timed out") || reason.contains("timeout"),
-                "{reason}"
-            )
-        }
+        Err(EnvError::Remote {
+            source: RemoteFailure::Transport(e),
+            ..
+        }) => assert!(e.is_timeout(), "{e}"),
         other => panic!("expected a timeout, got {other:?}"),
     }
     server.abort();
@@ -332,13 +338,86 @@ async fn served_env_names_can_be_restricted() {
     ok.reset(0).await.expect("sokoban is served");
     let mut no = server.remote(&spec(json!({"name": "frozen_lake"})));
     match no.reset(0).await {
-        Err(EnvError::Remote { reason, .. }) => {
-            assert!(
-                reason.contains("400") && reason.contains("not served"),
-                "{reason}"
-            )
-        }
+        Err(EnvError::Remote {
+            source:
+                RemoteFailure::Status {
+                    status: 400,
+                    message,
+                    ..
+                },
+            ..
+        }) => assert!(message.contains("not served"), "{message}"),
         other => panic!("expected a 400, got {other:?}"),
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_connection_keeps_its_cause() {
+    // A port nobody listens on: bind one, then free it.
+    let addr = {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let url = format!("http://{addr}");
+    let mut env =
+        RemoteEnv::new(RemoteEnvConfig::new(&url, spec(json!({"name": "math"})))).expect("remote");
+    let e = env.reset(0).await.expect_err("nobody listens");
+    assert!(
+        e.to_string().contains(&url),
+        "the message names the server: {e}"
+    );
+    // The chain is EnvError -> RemoteFailure -> the reqwest error itself.
+    let failure = std::error::Error::source(&e)
+        .and_then(|s| s.downcast_ref::<RemoteFailure>())
+        .unwrap_or_else(|| panic!("no RemoteFailure source: {e:?}"));
+    let transport = std::error::Error::source(failure)
+        .and_then(|s| s.downcast_ref::<reqwest::Error>())
+        .unwrap_or_else(|| panic!("no reqwest source: {failure:?}"));
+    assert!(transport.is_connect(), "{transport}");
+}
+
+#[tokio::test]
+async fn an_undecodable_reply_keeps_the_json_error_and_out_of_order_says_which() {
+    // A server that accepts `POST /envs` with a body that is not the protocol's JSON.
+    let app = axum::Router::new().route(
+        "/envs",
+        axum::routing::post(|| async { (axum::http::StatusCode::CREATED, "not json") }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut env =
+        RemoteEnv::new(RemoteEnvConfig::new(&url, spec(json!({"name": "math"})))).expect("remote");
+    match env.reset(0).await {
+        Err(e @ EnvError::Undecodable { .. }) => {
+            let source = std::error::Error::source(&e).expect("a source");
+            assert!(source.is::<serde_json::Error>(), "{source:?}");
+            assert!(e.to_string().contains("undecodable reply"), "{e}");
+        }
+        other => panic!("expected an undecodable reply, got {other:?}"),
+    }
+    server.abort();
+
+    // Step before reset is told apart from step after the end, locally and by the client.
+    assert!(matches!(
+        env.step("1").await,
+        Err(EnvError::OutOfOrder(OutOfOrder::StepBeforeReset { .. }))
+    ));
+    let server = TestServer::start(EnvServerConfig::default()).await;
+    let mut env = server.remote(&spec(json!({"name": "math"})));
+    env.reset(0).await.expect("reset");
+    env.step("1").await.expect("the one step");
+    match env.step("1").await {
+        Err(EnvError::OutOfOrder(OutOfOrder::Remote { reply, .. })) => {
+            assert!(reply.starts_with("409 out_of_order"), "{reply}");
+            assert!(reply.contains("step after the episode ended"), "{reply}");
+        }
+        other => panic!("expected out of order, got {other:?}"),
     }
     server.stop().await;
 }

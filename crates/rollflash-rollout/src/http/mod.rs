@@ -84,7 +84,12 @@ impl HttpBackendConfig {
 
     /// Checks the settings; errors name the field.
     fn validate(&self) -> Result<(), BackendError> {
-        let bad = |m: String| Err(BackendError::InvalidRequest(m));
+        let bad = |reason: String| {
+            Err(BackendError::InvalidRequest {
+                reason,
+                source: None,
+            })
+        };
         if !self.base_url.starts_with("http://") {
             return bad(format!(
                 "base_url must start with http:// (this build has no TLS), got {:?}",
@@ -124,7 +129,8 @@ impl HttpClient {
         }
         let client = builder.build().map_err(|e| BackendError::Unavailable {
             backend: base.clone(),
-            reason: format!("cannot build the HTTP client: {}", chain(&e)),
+            reason: "cannot build the HTTP client".into(),
+            source: Some(Box::new(e)),
         })?;
         Ok(HttpClient {
             name: base.clone(),
@@ -201,11 +207,9 @@ impl HttpClient {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Value::Null);
         }
-        serde_json::from_slice(&bytes).map_err(|e| {
-            CallError::Decode(format!(
-                "answer is not JSON ({e}): {}",
-                truncate(&String::from_utf8_lossy(&bytes))
-            ))
+        serde_json::from_slice(&bytes).map_err(|source| CallError::Decode {
+            source,
+            body: truncate(&String::from_utf8_lossy(&bytes)),
         })
     }
 
@@ -214,6 +218,7 @@ impl HttpClient {
         BackendError::Protocol {
             backend: self.name.clone(),
             reason: format!("{route}: {reason}"),
+            source: None,
         }
     }
 }
@@ -238,8 +243,11 @@ enum CallError {
     Transport(reqwest::Error),
     /// An answer with a non-2xx status, and the message found in its body.
     Status { status: u16, message: String },
-    /// A 2xx answer that is not JSON.
-    Decode(String),
+    /// A 2xx answer that is not JSON, and the start of it.
+    Decode {
+        source: serde_json::Error,
+        body: String,
+    },
 }
 
 impl CallError {
@@ -249,7 +257,7 @@ impl CallError {
             CallError::Status { status, .. } => {
                 matches!(status, 408 | 429) || (*status >= 500 && *status != 501)
             }
-            CallError::Decode(_) => false,
+            CallError::Decode { .. } => false,
         }
     }
 
@@ -257,7 +265,7 @@ impl CallError {
         match self {
             CallError::Transport(e) => chain(e),
             CallError::Status { status, message } => format!("HTTP {status}: {message}"),
-            CallError::Decode(m) => m.clone(),
+            CallError::Decode { source, body } => format!("answer is not JSON ({source}): {body}"),
         }
     }
 
@@ -279,16 +287,19 @@ impl CallError {
             },
             CallError::Transport(e) => BackendError::Unavailable {
                 backend,
-                reason: format!("{method} {route}: {}", chain(&e)),
+                reason: format!("{method} {route}"),
+                source: Some(Box::new(e)),
             },
-            CallError::Decode(m) => BackendError::Protocol {
+            CallError::Decode { source, body } => BackendError::Protocol {
                 backend,
-                reason: format!("{method} {route}: {m}"),
+                reason: format!("{method} {route}: answer is not JSON: {body}"),
+                source: Some(Box::new(source)),
             },
             CallError::Status { status, message } => match status {
-                400 | 403 | 413 | 415 | 422 => BackendError::InvalidRequest(format!(
-                    "{backend} {method} {route}: HTTP {status}: {message}"
-                )),
+                400 | 403 | 413 | 415 | 422 => BackendError::InvalidRequest {
+                    reason: format!("{backend} {method} {route}: HTTP {status}: {message}"),
+                    source: None,
+                },
                 404 | 405 | 501 => BackendError::Unsupported {
                     backend,
                     what: format!("{method} {route} (HTTP {status}: {message})"),
@@ -296,10 +307,12 @@ impl CallError {
                 408 | 429 | 500..=599 => BackendError::Unavailable {
                     backend,
                     reason: format!("{method} {route}: HTTP {status}: {message}"),
+                    source: None,
                 },
                 _ => BackendError::Protocol {
                     backend,
                     reason: format!("{method} {route}: HTTP {status}: {message}"),
+                    source: None,
                 },
             },
         }
@@ -367,9 +380,10 @@ impl Registry {
     ) -> Result<Ticket<'_>, BackendError> {
         let mut map = self.lock();
         if map.contains_key(&id) {
-            return Err(BackendError::InvalidRequest(format!(
-                "{id} is already running on backend {backend}"
-            )));
+            return Err(BackendError::InvalidRequest {
+                reason: format!("{id} is already running on backend {backend}"),
+                source: None,
+            });
         }
         let abort = Arc::new(Notify::new());
         map.insert(

@@ -168,8 +168,13 @@ impl SglangBackend {
             }
         }
         let tokens = match v.get("output_ids") {
-            Some(ids) => serde_json::from_value::<Vec<u32>>(ids.clone())
-                .map_err(|e| self.http.protocol(route, format!("output_ids: {e}")))?,
+            Some(ids) => serde_json::from_value::<Vec<u32>>(ids.clone()).map_err(|e| {
+                BackendError::Protocol {
+                    backend: self.http.name().to_string(),
+                    reason: format!("{route}: output_ids"),
+                    source: Some(Box::new(e)),
+                }
+            })?,
             None => lp_ids,
         };
         if tokens.len() != logprobs.len() {
@@ -349,10 +354,10 @@ pub(crate) fn check_success(
             .get("message")
             .and_then(Value::as_str)
             .unwrap_or("no message");
-        return Err(BackendError::InvalidRequest(format!(
-            "{} {route}: {msg}",
-            http.name()
-        )));
+        return Err(BackendError::InvalidRequest {
+            reason: format!("{} {route}: {msg}", http.name()),
+            source: None,
+        });
     }
     Ok(())
 }

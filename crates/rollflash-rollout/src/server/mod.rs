@@ -525,7 +525,7 @@ impl ApiError {
     /// Maps a backend failure to a status: the client's fault is 4xx, the backend's 5xx.
     pub(crate) fn from_backend(e: &BackendError) -> Self {
         let status = match e {
-            BackendError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            BackendError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             BackendError::Unavailable { .. } | BackendError::Shutdown(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }

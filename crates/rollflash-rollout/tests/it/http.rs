@@ -654,7 +654,7 @@ async fn update_weights_from_disk_changes_version_and_outputs() {
             .await
             .unwrap_err();
         assert!(
-            matches!(&e, BackendError::InvalidRequest(m) if m.contains("403")),
+            matches!(&e, BackendError::InvalidRequest { reason, .. } if reason.contains("403")),
             "{path:?}: {e}"
         );
     }
@@ -982,6 +982,12 @@ async fn an_unreachable_server_is_unavailable() {
     let e = sgl.health().await.unwrap_err();
     assert!(matches!(e, BackendError::Unavailable { .. }), "{e}");
     assert!(e.is_retryable());
+    // The message names the server that is down, and the transport error is kept.
+    assert!(e.to_string().contains(&cfg.base_url), "{e}");
+    let transport = std::error::Error::source(&e)
+        .and_then(|s| s.downcast_ref::<reqwest::Error>())
+        .unwrap_or_else(|| panic!("no reqwest source: {e:?}"));
+    assert!(transport.is_connect(), "{transport}");
     let e = sgl
         .generate(request(1, SamplingParams::greedy(2)))
         .await
@@ -996,4 +1002,21 @@ async fn an_unreachable_server_is_unavailable() {
         oai.health().await,
         Err(BackendError::Unavailable { .. })
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_engine_refuses_keeps_the_engine_error() {
+    let eng = engine(0);
+    let e = eng
+        .generate(GenRequest::new(
+            RequestId(1),
+            Vec::new(),
+            SamplingParams::greedy(2),
+        ))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, BackendError::InvalidRequest { .. }), "{e}");
+    assert!(!e.is_retryable());
+    let source = std::error::Error::source(&e).unwrap_or_else(|| panic!("no source: {e:?}"));
+    assert!(source.is::<rollflash_model::ModelError>(), "{source:?}");
 }

@@ -156,7 +156,7 @@ async fn serve_generates_and_loads_weights_from_disk() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&e, BackendError::InvalidRequest(m) if m.contains("403")),
+        matches!(&e, BackendError::InvalidRequest { reason, .. } if reason.contains("403")),
         "{e}"
     );
     // Without the key: refused, and not retried.
