@@ -20,6 +20,6 @@ pub use http::{
 pub use instant::InstantBackend;
 pub use proxy::{
     BackendEntry, LlmProxy, ProxyConfig, ProxyError, ProxyHandle, ProxyMetrics, Replication,
-    SyncTimings,
+    SyncTimings, DEFAULT_REQUEST_TIMEOUT,
 };
 pub use server::{serve, ServerConfig, ServerError, ServerState, WeightsAccess};

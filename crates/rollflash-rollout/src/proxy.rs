@@ -9,6 +9,11 @@
 //! was known to hold when the attempt was dispatched is refused (the backend lost its
 //! weights unnoticed) and the request runs again elsewhere, so stale tokens never reach a
 //! caller.
+//!
+//! Deadlines: nothing waits forever on a backend. The scheduler decides which attempts are
+//! overdue (`request_timeout`); this task sleeps until the scheduler's next deadline and
+//! ticks it, so a backend that accepts a request and never answers has it cancelled, its
+//! slot freed, and the request retried elsewhere or failed as timed out.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,10 +48,23 @@ pub enum ProxyError {
     },
 }
 
+/// The default [`ProxySchedConfig::request_timeout`] of the proxy: how long one attempt may
+/// stay on a backend without an answer. Finite, so a wedged backend can delay a group but
+/// never stall the run; generous, because it must exceed the longest legitimate generation
+/// (`max_new_tokens` at the slowest per-request decode rate, plus queueing inside the
+/// backend and keep-mode pauses for weight syncs, which it keeps counting through) — an
+/// attempt expired early loses its work and is retried. Longer than
+/// `HttpBackendConfig`'s default per-call `timeout` (600 s), so an HTTP backend's own
+/// timeout, which also takes the server out of rotation, fires first; this one is the
+/// backstop for every backend.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(900);
+
 /// Settings of the proxy.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
-    /// Scheduler settings (retries, look-ahead).
+    /// Scheduler settings (retries, look-ahead, and the per-attempt deadline
+    /// `request_timeout`, here [`DEFAULT_REQUEST_TIMEOUT`] by default; `None` lets a hung
+    /// backend hold its requests forever, and a zero one expires every attempt).
     pub sched: ProxySchedConfig,
     /// How often an out-of-rotation backend is probed with `health`.
     pub health_probe_interval: Duration,
@@ -55,7 +73,10 @@ pub struct ProxyConfig {
 impl Default for ProxyConfig {
     fn default() -> Self {
         ProxyConfig {
-            sched: ProxySchedConfig::default(),
+            sched: ProxySchedConfig {
+                request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
+                ..ProxySchedConfig::default()
+            },
             health_probe_interval: Duration::from_millis(500),
         }
     }
@@ -456,8 +477,6 @@ struct Pending {
     /// The request, with `resume` holding everything generated so far.
     req: GenRequest,
     reply: Reply,
-    /// The attempt now in flight, to recognise its reply.
-    current: Option<(BackendId, u32)>,
     /// The weights version its backend held when the attempt was dispatched: no newly
     /// generated token of the attempt may carry an older one.
     floor: PolicyVersion,
@@ -485,7 +504,30 @@ struct ProxyTask {
 
 impl ProxyTask {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
-        while let Some(msg) = rx.recv().await {
+        // One timer, re-armed only when the scheduler's earliest deadline changes, rather
+        // than a fresh one per message.
+        let timer = tokio::time::sleep_until(self.start);
+        tokio::pin!(timer);
+        let mut armed: Option<Duration> = None;
+        loop {
+            let next = self.sched.next_deadline();
+            if next != armed {
+                if let Some(d) = next {
+                    timer.as_mut().reset(self.start + d);
+                }
+                armed = next;
+            }
+            let msg = tokio::select! {
+                msg = rx.recv() => msg,
+                () = &mut timer, if armed.is_some() => {
+                    self.tick();
+                    // Re-arm even if the earliest deadline did not move: the timer has fired.
+                    armed = None;
+                    continue;
+                }
+            };
+            // Every handle dropped: nobody is waiting for anything.
+            let Some(msg) = msg else { break };
             while self.tasks.try_join_next().is_some() {}
             if let Msg::Shutdown(reply) = msg {
                 self.shutdown(&mut rx).await;
@@ -494,8 +536,28 @@ impl ProxyTask {
             }
             self.handle(msg);
         }
-        // Every handle dropped: nobody is waiting for anything.
         self.tasks.shutdown().await;
+    }
+
+    /// The earliest deadline passed: the scheduler expires what is overdue. Its cancels are
+    /// carried out like any other (the backend may still answer; that reply is stale and
+    /// ignored), and each is logged, since a backend that never answers is worth knowing.
+    fn tick(&mut self) {
+        let now = self.now();
+        let mut actions = std::mem::take(&mut self.actions);
+        self.sched.handle(now, ProxyEvent::Tick, &mut actions);
+        for a in actions.drain(..) {
+            // A tick cancels nothing but expired attempts.
+            if let ProxyAction::Cancel { id, backend } = &a {
+                tracing::warn!(
+                    backend = self.backends[backend.0].name(),
+                    %id,
+                    "no answer within the request timeout; cancelled, retrying or failing"
+                );
+            }
+            self.act(a);
+        }
+        self.actions = actions;
     }
 
     fn now(&self) -> Duration {
@@ -533,7 +595,6 @@ impl ProxyTask {
                     Pending {
                         req: *req,
                         reply,
-                        current: None,
                         floor: PolicyVersion::default(),
                         finish: FinishReason::Stop,
                     },
@@ -626,12 +687,12 @@ impl ProxyTask {
                     self.start_probe(backend);
                     return;
                 }
-                if let Some(p) = self.pending.get_mut(&id) {
-                    // Keep everything generated so far: a resume continues from it, an
-                    // abort returns it. A stale attempt's reply (its backend was declared
-                    // dead meanwhile) must not overwrite newer tokens; the scheduler
-                    // ignores it too.
-                    if p.current == Some((backend, attempt)) {
+                // Keep everything generated so far: a resume continues from it, an abort
+                // returns it. A stale attempt's reply (its backend was declared dead, or the
+                // attempt expired, meanwhile — even if no newer attempt started yet) must
+                // not overwrite the request's tokens; the scheduler ignores it too.
+                if self.sched.running_attempt(id) == Some((backend, attempt)) {
+                    if let Some(p) = self.pending.get_mut(&id) {
                         p.req.resume = Some(out.output);
                         p.finish = out.finish_reason;
                     }
@@ -683,10 +744,10 @@ impl ProxyTask {
         attempt: u32,
         out: &GenOutput,
     ) -> Option<PolicyVersion> {
-        let p = self.pending.get(&id)?;
-        if p.current != Some((backend, attempt)) {
+        if self.sched.running_attempt(id) != Some((backend, attempt)) {
             return None;
         }
+        let p = self.pending.get(&id)?;
         let resumed = p.req.resumed_len().min(out.output.versions.len());
         let oldest = out.output.versions[resumed..].iter().min().copied()?;
         (oldest < p.floor).then_some(oldest)
@@ -703,7 +764,6 @@ impl ProxyTask {
                 let Some(p) = self.pending.get_mut(&id) else {
                     return;
                 };
-                p.current = Some((backend, attempt));
                 p.floor = floor;
                 let req = p.req.clone();
                 let b = Arc::clone(&self.backends[backend.0]);

@@ -1,7 +1,7 @@
-//! The proxy scheduler: admission, routing, aborts, pause/resume, failures, weight updates —
-//! and, under a seeded random event storm, the invariants (every request completes exactly
-//! once, no backend over capacity, nothing dispatched to a backend behind the current
-//! weights).
+//! The proxy scheduler: admission, routing, aborts, pause/resume, failures, weight updates,
+//! deadlines — and, under a seeded random event storm, the invariants (every request
+//! completes exactly once, no backend over capacity, nothing dispatched to a backend behind
+//! the current weights, no attempt left running past its deadline after a tick).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -27,8 +27,11 @@ struct Harness {
 
 impl Harness {
     fn new(policy: &str, capacities: &[usize]) -> Self {
-        let mut s =
-            ProxyScheduler::new(ProxySchedConfig::default(), routing_policy(policy).unwrap());
+        Harness::with_config(ProxySchedConfig::default(), policy, capacities)
+    }
+
+    fn with_config(cfg: ProxySchedConfig, policy: &str, capacities: &[usize]) -> Self {
+        let mut s = ProxyScheduler::new(cfg, routing_policy(policy).unwrap());
         for &c in capacities {
             s.add_backend(c);
         }
@@ -99,6 +102,32 @@ impl Harness {
             attempt,
             outcome,
         });
+    }
+
+    /// Lets `by` pass, then ticks: attempts past their deadline expire.
+    fn tick_after(&mut self, by: Duration) {
+        self.now += by;
+        self.ev(ProxyEvent::Tick);
+        assert!(
+            self.s.next_deadline().is_none_or(|d| d > self.now),
+            "an attempt is still running past its deadline after a tick"
+        );
+    }
+
+    /// Each backend's load is exactly its running attempts among ids `0..n`: no slot leaks
+    /// (an expired attempt's included).
+    fn check_slots(&self, n: u64) {
+        let mut load = vec![0; self.s.running().len()];
+        for id in 0..n {
+            if let Some((b, _)) = self.s.running_attempt(RequestId(id)) {
+                load[b.0] += 1;
+            }
+        }
+        assert_eq!(
+            load,
+            self.s.running(),
+            "backend load out of step with its attempts"
+        );
     }
 
     fn backend_of(&self, id: u64) -> Option<BackendId> {
@@ -435,10 +464,160 @@ fn a_failed_weight_update_keeps_the_backend_out_until_it_holds_the_current_weigh
     assert_eq!(h.s.current_weights(), PolicyVersion(1));
 }
 
-/// A seeded storm of submits, finishes, aborts, group aborts, pauses, backend failures and
-/// weight updates that fail on random backends.
+fn with_timeout(t: Duration) -> ProxySchedConfig {
+    ProxySchedConfig {
+        request_timeout: Some(t),
+        ..ProxySchedConfig::default()
+    }
+}
+
+/// A backend that took a request and never answers: at the deadline the attempt is cancelled
+/// on it, its slot freed, and the request retried on the other backend; the hung backend's
+/// late reply is ignored.
+#[test]
+fn an_attempt_past_its_deadline_is_cancelled_and_retried_elsewhere() {
+    let t = Duration::from_secs(10);
+    let mut h = Harness::with_config(with_timeout(t), "least_loaded", &[1, 1]);
+    let (b0, b1) = (BackendId(0), BackendId(1));
+    h.submit(0);
+    let (first, a0) = h.running[&RequestId(0)];
+    assert_eq!(first, b0);
+    let deadline = h.s.next_deadline().unwrap();
+    assert_eq!(deadline, h.now + t, "counted from the dispatch");
+    // Not yet due: a tick changes nothing.
+    h.tick_after(t / 2);
+    assert_eq!(h.s.running_attempt(RequestId(0)), Some((b0, a0)));
+    assert!(h.cancels.is_empty());
+    h.tick_after(deadline - h.now);
+    assert_eq!(h.cancels, vec![(RequestId(0), b0)]);
+    assert_eq!(
+        h.s.running_attempt(RequestId(0)),
+        Some((b1, a0 + 1)),
+        "retried on the other backend"
+    );
+    assert_eq!(h.s.running(), vec![0, 1], "the hung backend's slot is free");
+    assert_eq!((h.s.counters().timeouts, h.s.counters().retries), (1, 1));
+    // The hung backend wakes up and answers the expired attempt: stale, ignored.
+    h.ev(ProxyEvent::Finished {
+        id: RequestId(0),
+        backend: b0,
+        attempt: a0,
+        outcome: Outcome::Done,
+    });
+    assert!(h.completion(0).is_none());
+    assert_eq!(h.s.counters().stale_replies, 1);
+    h.finish(0, Outcome::Done);
+    assert_eq!(h.completion(0), Some(&Completion::Done));
+    assert_eq!(h.s.next_deadline(), None);
+}
+
+/// With one backend the retries go back to it (waiting for another would be waiting
+/// forever); once they are spent the request fails with a reason saying it timed out.
+#[test]
+fn a_request_that_keeps_timing_out_fails_as_timed_out_after_its_retries() {
+    let t = Duration::from_secs(10);
+    let mut h = Harness::with_config(with_timeout(t), "round_robin", &[2]);
+    h.submit(0);
+    h.submit(1);
+    for k in 1..=3 {
+        h.tick_after(t);
+        assert!(h.completion(0).is_none() && h.completion(1).is_none());
+        assert_eq!(h.s.running(), vec![2], "retry {k} dispatched again");
+    }
+    h.tick_after(t);
+    for id in [0, 1] {
+        let Some(Completion::Failed { reason }) = h.completion(id) else {
+            panic!("{id}: {:?}", h.completion(id));
+        };
+        assert!(reason.starts_with("timed out"), "{reason}");
+    }
+    let c = h.s.counters();
+    assert_eq!((c.timeouts, c.retries, c.failed), (8, 6, 2));
+    assert_eq!(h.cancels.len(), 8, "every expired attempt was cancelled");
+    assert_eq!(h.s.running(), vec![0]);
+    assert_eq!((h.s.live(), h.s.next_deadline()), (0, None));
+}
+
+/// Queued requests have no deadline (waiting for a slot is not the backend's fault); a
+/// request the caller aborted whose backend never confirms completes as aborted at its
+/// deadline, without a second cancel; without a `request_timeout` nothing ever expires.
+#[test]
+fn deadlines_cover_running_attempts_only_and_an_unconfirmed_abort_ends_at_its_deadline() {
+    let t = Duration::from_secs(10);
+    let mut h = Harness::with_config(with_timeout(t), "least_loaded", &[1]);
+    h.submit(0);
+    let d0 = h.s.next_deadline().unwrap();
+    h.submit(1);
+    assert_eq!(h.s.next_deadline(), Some(d0), "the queued request has none");
+    h.ev(ProxyEvent::Abort { id: RequestId(0) });
+    assert_eq!(h.cancels.len(), 1);
+    h.tick_after(d0 - h.now);
+    assert_eq!(h.completion(0), Some(&Completion::Aborted));
+    assert_eq!(h.cancels.len(), 1, "no second cancel");
+    assert_eq!(
+        h.backend_of(1),
+        Some(BackendId(0)),
+        "its slot went to the next"
+    );
+    let d1 = h.s.next_deadline().unwrap();
+    assert_eq!(
+        d1,
+        h.now + t,
+        "counted from its own dispatch, not its submit"
+    );
+
+    let mut h = Harness::new("least_loaded", &[1]);
+    h.submit(0);
+    assert_eq!(h.s.next_deadline(), None);
+    h.tick_after(Duration::from_secs(1 << 40));
+    assert!(h.completion(0).is_none() && h.cancels.is_empty());
+    assert_eq!(h.s.counters().timeouts, 0);
+}
+
+/// A sticky trajectory and a pinned group move off the backend they timed out on, like
+/// they do off a dead one; a timed-out request waits for a full healthy backend rather
+/// than going back to the one that hung.
+#[test]
+fn a_timed_out_request_moves_its_affinity_and_waits_for_room_elsewhere() {
+    let t = Duration::from_secs(10);
+    for affinity in [Affinity::Sticky(3), Affinity::Pinned(3)] {
+        let mut h = Harness::with_config(with_timeout(t), "sticky", &[1, 1]);
+        h.submit_with(0, None, affinity);
+        let home = h.backend_of(0).unwrap();
+        // Half a deadline later, 1 fills the other backend and 2 waits.
+        h.now += t / 2;
+        h.submit(1);
+        let other = h.backend_of(1).unwrap();
+        assert_ne!(home, other);
+        h.submit(2);
+        assert_eq!(h.s.queue_depth(), 1);
+        // 0 never answers: at its deadline (1's is later) it expires.
+        h.tick_after(t / 2);
+        assert_eq!(h.cancels, vec![(RequestId(0), home)]);
+        // 0 is first in line but must not go back to `home`, whose freed slot goes to 2.
+        assert_eq!(h.backend_of(2), Some(home));
+        assert_eq!(h.s.running_attempt(RequestId(0)), None);
+        h.finish(1, Outcome::Done);
+        assert_eq!(
+            h.s.running_attempt(RequestId(0)).map(|(b, _)| b),
+            Some(other),
+            "{affinity:?}"
+        );
+        // The trajectory's next turn follows it there.
+        h.finish(0, Outcome::Done);
+        h.submit_with(3, None, affinity);
+        assert_eq!(h.backend_of(3), Some(other), "{affinity:?}");
+    }
+}
+
+/// A seeded storm of submits, finishes, aborts, group aborts, pauses, backend failures,
+/// weight updates that fail on random backends and — on even seeds, which set a
+/// `request_timeout` — time jumps with ticks that expire attempts (whose late replies then
+/// come in as stale ones).
 /// Whatever happens: every request completes exactly once, no backend runs past capacity,
-/// and the counters add up.
+/// no slot leaks, nothing runs past its deadline after a tick, and the counters add up.
+/// Every fourth seed ends with every backend hanging: ticks alone must then end every
+/// request.
 #[test]
 fn random_event_storm_keeps_the_invariants() {
     for policy in ["round_robin", "least_loaded", "sticky"] {
@@ -451,12 +630,25 @@ fn random_event_storm_keeps_the_invariants() {
 fn storm(policy: &str, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let caps = [1 + rng.random_range(0..4), 1 + rng.random_range(0..4), 2];
-    let mut h = Harness::new(policy, &caps);
+    let timeout = seed
+        .is_multiple_of(2)
+        .then(|| Duration::from_millis(rng.random_range(20..200)));
+    let cfg = ProxySchedConfig {
+        request_timeout: timeout,
+        ..ProxySchedConfig::default()
+    };
+    let mut h = Harness::with_config(cfg, policy, &caps);
     let mut next_id = 0u64;
     let mut down = [false; 3];
     let mut version = 0u64;
     for _ in 0..2000 {
-        match rng.random_range(0..104) {
+        match rng.random_range(0..108) {
+            104..=107 => {
+                // Time passes (each event is 1 ms) and the driver's timer fires.
+                let by = Duration::from_millis(rng.random_range(0..100));
+                h.tick_after(by);
+                h.check_slots(next_id);
+            }
             100..=101 => {
                 // A sync of a new version: each backend loads it or fails.
                 version += 1;
@@ -565,12 +757,30 @@ fn storm(policy: &str, seed: u64) {
         });
     }
     let mut guard = 0;
-    while let Some(&id) = h.running.keys().next() {
-        h.finish(id.0, Outcome::Done);
-        guard += 1;
-        assert!(guard < 100_000, "seed {seed}: drain does not terminate");
+    match timeout {
+        Some(t) if seed.is_multiple_of(4) => {
+            // Every backend hangs: nothing answers any more, yet every request ends.
+            while h.s.live() > 0 {
+                h.tick_after(t);
+                guard += 1;
+                assert!(
+                    guard < 100_000,
+                    "seed {seed}: hung drain does not terminate"
+                );
+            }
+        }
+        _ => {
+            while let Some(&id) = h.running.keys().next() {
+                h.finish(id.0, Outcome::Done);
+                guard += 1;
+                assert!(guard < 100_000, "seed {seed}: drain does not terminate");
+            }
+        }
     }
     assert_eq!(h.s.live(), 0, "seed {seed}: requests left behind");
+    h.check_slots(next_id);
+    assert_eq!(h.s.running(), vec![0; 3], "seed {seed}: slots leaked");
+    assert_eq!(h.s.next_deadline(), None, "seed {seed}");
     assert_eq!(h.completed.len() as u64, next_id, "seed {seed}");
     let c = h.s.counters();
     assert_eq!(c.submitted, next_id);
@@ -579,6 +789,11 @@ fn storm(policy: &str, seed: u64) {
         next_id,
         "seed {seed}: {c:?}"
     );
+    if timeout.is_some() {
+        assert!(c.timeouts > 0, "seed {seed}: the storm expired nothing");
+    } else {
+        assert_eq!(c.timeouts, 0, "seed {seed}");
+    }
 }
 
 fn pick<'a, T>(rng: &mut ChaCha8Rng, v: &'a [T]) -> Option<&'a T> {

@@ -1,14 +1,18 @@
-//! Shared test fixtures: tiny random models and engine backends.
+//! Shared test fixtures: tiny random models, engine backends, and a backend that hangs.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use candle_core::{DType, Device};
-use rollflash_core::PolicyVersion;
+use rollflash_core::{GenOutput, GenRequest, PolicyVersion, RequestId};
 use rollflash_model::config::{Arch, ModelConfig};
 use rollflash_model::engine::EngineConfig;
 use rollflash_model::model::Transformer;
 use rollflash_model::weights::Weights;
-use rollflash_rollout::{EngineBackend, EngineBackendConfig};
+use rollflash_rollout::{
+    Backend, BackendError, BackendLoad, EngineBackend, EngineBackendConfig, PauseMode, WeightUpdate,
+};
 
 /// Vocabulary of the tiny test models.
 pub const VOCAB: usize = 64;
@@ -61,4 +65,62 @@ pub fn engine_backend_over(
         )
         .unwrap(),
     )
+}
+
+/// A backend that accepts every request and never answers it — a wedged server whose
+/// connection stays open — and ignores aborts (it only counts them). Everything else
+/// succeeds, health checks included: nothing but a deadline can tell it is stuck.
+#[derive(Debug, Default)]
+pub struct Hanging {
+    calls: AtomicUsize,
+    aborts: AtomicUsize,
+}
+
+impl Hanging {
+    /// `generate` calls received.
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// `abort` calls received.
+    pub fn aborts(&self) -> usize {
+        self.aborts.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Backend for Hanging {
+    fn name(&self) -> &str {
+        "hanging"
+    }
+
+    async fn generate(&self, _req: GenRequest) -> Result<GenOutput, BackendError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        std::future::pending().await
+    }
+
+    async fn abort(&self, _id: RequestId) -> Result<(), BackendError> {
+        self.aborts.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn pause(&self, _mode: PauseMode) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    async fn resume(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    async fn update_weights(&self, _update: &WeightUpdate) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    async fn load(&self) -> Result<BackendLoad, BackendError> {
+        Ok(BackendLoad::default())
+    }
+
+    async fn health(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
 }

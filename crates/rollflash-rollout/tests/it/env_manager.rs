@@ -379,3 +379,38 @@ async fn trajectories_through_a_real_engine() {
     }
     proxy.shutdown().await.unwrap();
 }
+
+/// A generation that times out (the only backend never answers) fails its trajectory with
+/// the reason, like any other failed generation: the group ends, incomplete, instead of
+/// waiting forever.
+#[tokio::test(start_paused = true)]
+async fn a_generation_that_times_out_fails_its_trajectory() {
+    let hung = Arc::new(common::Hanging::default());
+    let proxy = LlmProxy::start(
+        vec![BackendEntry {
+            backend: hung.clone() as Arc<dyn Backend>,
+            max_running_requests: 4,
+        }],
+        Box::new(LeastLoaded),
+        ProxyConfig::default(),
+    );
+    let m = manager(&proxy, plain(), cfg(3, 4));
+    let f = factory(Behaviour::Count {
+        turns: 2,
+        latency: Duration::from_millis(10),
+    });
+    let g = tokio::time::timeout(Duration::from_secs(7 * 24 * 3600), m.run_group(f, 11, 2, 0))
+        .await
+        .expect("the group hung: nothing expired its generations");
+    assert!(!g.complete);
+    assert!(g.kept.is_empty());
+    assert_eq!(g.failed.len(), 2);
+    assert!(
+        g.failed
+            .iter()
+            .all(|r| r.starts_with("generate:") && r.contains("timed out")),
+        "{:?}",
+        g.failed
+    );
+    proxy.shutdown().await.unwrap();
+}

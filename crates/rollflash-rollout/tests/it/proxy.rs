@@ -1,5 +1,5 @@
 //! The LLMProxy over real tasks: queueing, replication, aborts, pause/resume in both modes
-//! with real engines, failover, weight sync, shutdown.
+//! with real engines, failover, weight sync, a backend that never answers, shutdown.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +27,10 @@ fn params(n: usize) -> SamplingParams {
         ..Default::default()
     }
 }
+
+/// Far beyond any deadline the proxy sets (paused time: it costs nothing to wait), so a
+/// request that would hang forever fails its test instead.
+const FOREVER: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Waits (in paused time, without racing real sleeps) until `cond` holds.
 async fn until(mut cond: impl FnMut() -> bool) {
@@ -299,4 +303,95 @@ async fn shutdown_aborts_in_flight_and_refuses_new_work() {
     }
     let req = GenRequest::new(h.next_id(), vec![1], params(4));
     assert!(matches!(h.generate(req).await, Err(ProxyError::Shutdown)));
+}
+
+/// A backend that accepts a request and never answers (its health checks still pass) holds
+/// it for one deadline: then the attempt is cancelled there, its slot is freed, and the
+/// request is retried on the healthy backend and succeeds.
+#[tokio::test(start_paused = true)]
+async fn a_request_hung_on_a_backend_is_retried_on_another_after_its_deadline() {
+    let hung = Arc::new(common::Hanging::default());
+    let ok = Arc::new(InstantBackend::new("ok"));
+    let proxy = LlmProxy::start(
+        // Least loaded with both idle picks the lowest id: the hanging backend goes first.
+        vec![entry(hung.clone(), 4), entry(ok.clone(), 4)],
+        Box::new(LeastLoaded),
+        ProxyConfig::default(),
+    );
+    let h = proxy.handle();
+    let req = GenRequest::new(h.next_id(), vec![1, 2], params(3));
+    let out = tokio::time::timeout(FOREVER, h.generate(req))
+        .await
+        .expect("the request hung: nothing expired it")
+        .unwrap();
+    assert_eq!(out.output.len(), 3);
+    assert_eq!(out.finish_reason, FinishReason::Length);
+    assert_eq!((hung.calls(), ok.served()), (1, 1));
+    until(|| hung.aborts() == 1).await;
+    let m = h.metrics().await.unwrap();
+    assert_eq!(m.backends[0].1, 0, "the hung attempt's slot was released");
+    assert_eq!(m.counters.retries, 1);
+    assert_eq!((m.counters.completed, m.counters.failed), (1, 0));
+    proxy.shutdown().await.unwrap();
+}
+
+/// With only the hanging backend, every retry hangs too: once the retry budget is spent the
+/// caller gets an answer — a failure whose reason says it timed out — and nothing is left
+/// running.
+#[tokio::test(start_paused = true)]
+async fn a_request_hung_on_the_only_backend_fails_as_timed_out_after_its_retries() {
+    let hung = Arc::new(common::Hanging::default());
+    let proxy = LlmProxy::start(
+        vec![entry(hung.clone(), 4)],
+        Box::new(LeastLoaded),
+        ProxyConfig::default(),
+    );
+    let h = proxy.handle();
+    let req = GenRequest::new(h.next_id(), vec![1, 2], params(3));
+    let result = tokio::time::timeout(FOREVER, h.generate(req))
+        .await
+        .expect("the request hung: nothing expired it");
+    let Err(ProxyError::Failed { reason, .. }) = result else {
+        panic!("expected a timeout failure, got {result:?}");
+    };
+    assert!(reason.contains("timed out"), "{reason}");
+    let attempts = ProxyConfig::default().sched.max_retries as usize + 1;
+    assert_eq!(hung.calls(), attempts, "one call per attempt");
+    until(|| hung.aborts() == attempts).await;
+    let m = h.metrics().await.unwrap();
+    assert_eq!(m.backends[0].1, 0, "no slot is held by an expired attempt");
+    assert_eq!(m.counters.failed, 1);
+    assert_eq!(m.queue_depth, 0);
+    proxy.shutdown().await.unwrap();
+}
+
+/// A backend that holds a request past its deadline and answers only the cancel: that late
+/// answer belongs to an expired attempt and is ignored (counted as stale) — the caller gets
+/// the retry's complete output from the other backend.
+#[tokio::test(start_paused = true)]
+async fn a_late_answer_from_an_expired_attempt_is_ignored() {
+    let slow = Arc::new(InstantBackend::new("slow"));
+    slow.hold();
+    let ok = Arc::new(InstantBackend::new("ok"));
+    let proxy = LlmProxy::start(
+        vec![entry(slow.clone(), 4), entry(ok.clone(), 4)],
+        Box::new(LeastLoaded),
+        ProxyConfig::default(),
+    );
+    let h = proxy.handle();
+    let req = GenRequest::new(h.next_id(), vec![1, 2], params(3));
+    let out = tokio::time::timeout(FOREVER, h.generate(req))
+        .await
+        .expect("the request hung: nothing expired it")
+        .unwrap();
+    assert_eq!(out.output.len(), 3);
+    assert_eq!(out.finish_reason, FinishReason::Length);
+    // The slow backend answered the cancel (aborted, no tokens).
+    until(|| slow.running() == 0).await;
+    let m = h.metrics().await.unwrap();
+    assert_eq!(m.counters.stale_replies, 1);
+    assert_eq!((m.counters.completed, m.counters.retries), (1, 1));
+    assert_eq!((slow.served(), ok.served()), (0, 1));
+    assert_eq!(m.backends[0].1, 0);
+    proxy.shutdown().await.unwrap();
 }
