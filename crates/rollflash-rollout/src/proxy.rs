@@ -82,6 +82,15 @@ impl Default for ProxyConfig {
     }
 }
 
+impl ProxyConfig {
+    /// The defaults with generation attempts bounded by `timeout`.
+    pub fn with_request_timeout(timeout: Duration) -> Self {
+        let mut cfg = ProxyConfig::default();
+        cfg.sched.request_timeout = Some(timeout);
+        cfg
+    }
+}
+
 /// One backend with its admission limit.
 pub struct BackendEntry {
     pub backend: Arc<dyn Backend>,

@@ -747,7 +747,13 @@ async fn run_mode(
     }
     let routing = rollflash_core::proxy::routing_policy(&r.routing)
         .ok_or_else(|| BenchError::Invalid(format!("unknown routing {}", r.routing)))?;
-    let proxy = LlmProxy::start(backends, routing, ProxyConfig::default());
+    let proxy = LlmProxy::start(
+        backends,
+        routing,
+        ProxyConfig::with_request_timeout(std::time::Duration::from_secs_f64(
+            cfg.rollout.request_timeout_secs,
+        )),
+    );
     let (vtx, vrx) = tokio::sync::watch::channel(version);
     let sampling = SamplingParams {
         temperature: r.temperature,

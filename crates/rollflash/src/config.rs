@@ -112,6 +112,9 @@ pub struct RolloutSection {
     pub max_total_tokens: usize,
     /// Bound on one environment `reset`/`step`.
     pub step_timeout_secs: f64,
+    /// Bound on one generation attempt on a backend: past it the attempt is cancelled and
+    /// retried on another backend, then failed (and counted) once the retries are spent.
+    pub request_timeout_secs: f64,
     /// Extra trajectories per group; the first `group_size` to finish are kept.
     pub group_size_redundancy: usize,
     /// How conversations become tokens: `auto` (the model directory's chat template when it
@@ -221,6 +224,7 @@ impl Default for RolloutSection {
             max_turns: 1,
             max_total_tokens: 128,
             step_timeout_secs: 30.0,
+            request_timeout_secs: rollflash_rollout::DEFAULT_REQUEST_TIMEOUT.as_secs_f64(),
             group_size_redundancy: 0,
             renderer: "auto".into(),
         }
@@ -390,6 +394,9 @@ impl TrainConfig {
         }
         if !(r.step_timeout_secs > 0.0) || !r.step_timeout_secs.is_finite() {
             return Err(field("rollout.step_timeout_secs", "must be > 0"));
+        }
+        if !(r.request_timeout_secs > 0.0) || !r.request_timeout_secs.is_finite() {
+            return Err(field("rollout.request_timeout_secs", "must be > 0"));
         }
         let c = &self.controller;
         if !(c.serve_timeout_secs > 0.0) || !c.serve_timeout_secs.is_finite() {

@@ -314,7 +314,13 @@ fn start_rollout(
     let routing = routing_policy(&cfg.rollout.routing).ok_or_else(|| {
         PipelineError::Invalid(format!("unknown routing {}", cfg.rollout.routing))
     })?;
-    let proxy = LlmProxy::start(backends, routing, ProxyConfig::default());
+    let proxy = LlmProxy::start(
+        backends,
+        routing,
+        ProxyConfig::with_request_timeout(std::time::Duration::from_secs_f64(
+            cfg.rollout.request_timeout_secs,
+        )),
+    );
     let (vtx, vrx) = watch::channel(version);
     let sampling = SamplingParams {
         temperature: cfg.rollout.temperature,

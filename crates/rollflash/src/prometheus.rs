@@ -243,6 +243,11 @@ pub fn render(g: &Gauges, proxy: Option<&rollflash_rollout::ProxyMetrics>) -> St
             ("proxy_requests_failed_total", c.failed, "Requests failed."),
             ("proxy_retries_total", c.retries, "Request retries."),
             (
+                "proxy_request_timeouts_total",
+                c.timeouts,
+                "Generation attempts cancelled past their deadline.",
+            ),
+            (
                 "proxy_preempted_total",
                 c.preempted,
                 "Requests re-queued by a weight sync in abort mode.",
