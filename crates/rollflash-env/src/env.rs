@@ -157,3 +157,13 @@ impl<E: Env + ?Sized> Env for Box<E> {
         (**self).step(action).await
     }
 }
+
+/// The error for `step` before `reset` or after the episode ended.
+pub(crate) fn out_of_order(env: &str, started: bool) -> EnvError {
+    let env = env.to_string();
+    EnvError::OutOfOrder(if started {
+        OutOfOrder::StepAfterEnd { env }
+    } else {
+        OutOfOrder::StepBeforeReset { env }
+    })
+}

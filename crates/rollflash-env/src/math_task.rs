@@ -469,7 +469,7 @@ impl Env for MathEnv {
     /// than on a blocking thread.
     async fn step(&mut self, action: &str) -> Result<Step, EnvError> {
         let Some(p) = self.current.take() else {
-            return Err(crate::envs::out_of_order("math", self.started));
+            return Err(crate::env::out_of_order("math", self.started));
         };
         let r = self.verifier.score(action, &p.answer);
         let mut info = Map::new();

@@ -116,7 +116,7 @@ pub enum BackendError {
 /// hides the one that matters: connection refused, timed out), or nothing.
 fn cause(source: &Option<BoxError>) -> String {
     match source {
-        Some(e) => format!(": {}", crate::server::error_chain(e.as_ref())),
+        Some(e) => format!(": {}", error_chain(e.as_ref())),
         None => String::new(),
     }
 }
@@ -162,4 +162,20 @@ pub trait Backend: Send + Sync {
     async fn load(&self) -> Result<BackendLoad, BackendError>;
     /// Ok when the backend can serve.
     async fn health(&self) -> Result<(), BackendError>;
+}
+
+/// An error and its sources on one line (`a: b: c`): wire messages and logs keep the cause
+/// that `Display` alone would drop.
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
 }

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use crate::proxy::{ProxyError, ProxyHandle, Replication};
 // A trajectory's failure reason is a string; `ModelError` leaves its cause (a template's line
 // and reason) to `source()`, so reasons carry the whole chain.
-use crate::server::error_chain;
+use crate::backend::error_chain;
 
 /// How the conversation becomes tokens.
 #[derive(Clone)]

@@ -1,16 +1,10 @@
 //! The `rollflash` command line: the binary edge, where `anyhow` turns library errors into
 //! messages for people.
 
-mod bench;
-mod bench_proxy;
-mod bench_rl_cmd;
-mod env_serve;
-mod eval_cmd;
-mod generate;
-mod serve;
+mod cmd;
 mod signal;
-mod sim_cmd;
-mod train_cmd;
+
+use cmd::{bench, bench_engine, bench_proxy, env_serve, eval, generate, serve, sim, train};
 
 use std::path::PathBuf;
 
@@ -38,9 +32,9 @@ enum Command {
     /// task on this CPU in minutes (a cached supervised warm-up, then GRPO-style RL with
     /// decoupled PPO, α = 1). `--config FILE` and `--set key=value` change anything;
     /// `--dry-run` prints the resolved config.
-    Train(train_cmd::TrainArgs),
+    Train(train::TrainArgs),
     /// Held-out greedy accuracy / success rate of a checkpoint on a config's task.
-    Eval(eval_cmd::EvalArgs),
+    Eval(eval::EvalArgs),
     /// Rebuild a run's report (`DIR/report/`: plots and report.md) from its metrics.jsonl.
     Report {
         /// The run's output directory.
@@ -58,9 +52,9 @@ enum Command {
     /// Measure ROLL Flash's speed-ups: the synchronous baseline and each mechanism (queue
     /// scheduling, prompt replication, α, environment-level async, redundant environments)
     /// alone and combined, side by side on the same threads, model and sample count.
-    Bench(bench_rl_cmd::BenchRlArgs),
+    Bench(bench::BenchRlArgs),
     /// Measure the engine: decode tokens/s at several batch sizes and training tokens/s.
-    BenchEngine(bench::BenchArgs),
+    BenchEngine(bench_engine::BenchArgs),
     /// Measure the control plane: requests/s and added latency through the proxy to
     /// no-compute backends, at several concurrency levels.
     BenchProxy(bench_proxy::BenchProxyArgs),
@@ -68,7 +62,7 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Simulate the scheduler at cluster scale (speed-up vs α, 8 → 512 GPUs, long tails,
     /// redundancy); `sim validate` checks the simulator against a measured run.
-    Sim(sim_cmd::SimArgs),
+    Sim(sim::SimArgs),
     /// Serve a built-in environment over HTTP, so rollouts can use it from another process.
     EnvServe(env_serve::EnvServeArgs),
 }
@@ -89,21 +83,21 @@ fn main() -> Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Train(a) => train_cmd::run(a),
-        Command::Eval(a) => eval_cmd::run(a),
-        Command::Report { dir } => eval_cmd::report(dir),
+        Command::Train(a) => train::run(a),
+        Command::Eval(a) => eval::run(a),
+        Command::Report { dir } => eval::report(dir),
         Command::Generate(a) => generate::run(a),
         Command::ConvertGguf { input, output } => {
             rollflash_model::gguf::convert_gguf_to_hf(&input, &output)?;
             println!("wrote {}", output.display());
             Ok(())
         }
-        Command::Bench(a) => bench_rl_cmd::run(a),
-        Command::BenchEngine(a) => bench::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::BenchEngine(a) => bench_engine::run(a),
         Command::BenchProxy(a) => bench_proxy::run(a),
         Command::Serve(a) => serve::run(a),
         Command::EnvServe(a) => env_serve::run(a),
-        Command::Sim(a) => sim_cmd::run(a),
+        Command::Sim(a) => sim::run(a),
     }
 }
 

@@ -17,7 +17,8 @@ pub mod tool_use;
 
 use serde::{Deserialize, Serialize};
 
-use crate::env::{Env, EnvError, OutOfOrder};
+pub(crate) use crate::env::out_of_order;
+use crate::env::{Env, EnvError};
 use crate::latency::{FailureConfig, Flaky, LatencyConfig};
 use crate::math_task::{MathEnv, MathTaskConfig};
 
@@ -252,14 +253,4 @@ pub(crate) fn check_finite(field: &str, v: f64) -> Result<(), EnvError> {
     } else {
         Err(config_error(field, format!("must be finite, got {v}")))
     }
-}
-
-/// The error for `step` before `reset` or after the episode ended.
-pub(crate) fn out_of_order(env: &str, started: bool) -> EnvError {
-    let env = env.to_string();
-    EnvError::OutOfOrder(if started {
-        OutOfOrder::StepAfterEnd { env }
-    } else {
-        OutOfOrder::StepBeforeReset { env }
-    })
 }

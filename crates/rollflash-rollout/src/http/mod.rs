@@ -349,7 +349,7 @@ fn truncate(s: &str) -> String {
 /// An error and its sources on one line: `reqwest`'s `Display` alone says only "error
 /// sending request", the cause (connection refused, ...) is in the chain.
 fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    crate::server::error_chain(e)
+    crate::backend::error_chain(e)
 }
 
 /// Requests in flight on one backend, so `abort` and `pause(Abort)` can reach them. A std

@@ -34,6 +34,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use crate::backend::error_chain;
 use crate::backend::{Backend, BackendError};
 
 /// Where `POST /update_weights_from_disk` may load checkpoints from.
@@ -651,22 +652,6 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
         StatusCode::METHOD_NOT_ALLOWED,
         format!("{} does not accept {method}", uri.path()),
     )
-}
-
-/// An error and its sources on one line (`a: b: c`): wire messages and logs keep the cause
-/// that `Display` alone would drop.
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
 }
 
 /// Fields clients commonly send that change what is generated but that this server does not

@@ -2,7 +2,7 @@
 //! and the table keeps its invariants — accounting balanced, the trained-sample count equal
 //! across modes, staleness within α (0 for the synchronous baseline). No timing is checked.
 
-use rollflash::bench_rl::{self, BenchOptions, Workload};
+use rollflash_bench::rl::{self as bench_rl, BenchOptions, Workload};
 
 /// Every switch on its own, α beyond 1, and everything together.
 const MODES: &[&str] = &[

@@ -1,7 +1,7 @@
 //! `rollflash train`'s configuration: defaults, overrides, round trips, and errors that name
 //! the field.
 
-use rollflash::config::TrainConfig;
+use rollflash_run::config::TrainConfig;
 
 fn load(sets: &[&str]) -> Result<TrainConfig, String> {
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();

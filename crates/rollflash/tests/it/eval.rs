@@ -4,10 +4,10 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use candle_core::{DType, Device};
-use rollflash::config::TrainConfig;
 use rollflash_model::config::ModelConfig;
 use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::weights::Weights;
+use rollflash_run::config::TrainConfig;
 
 fn frozenlake_toml() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../configs/frozenlake.toml")
@@ -23,7 +23,7 @@ fn the_shipped_frozenlake_config_parses_and_is_multi_turn() {
         "the tiny model needs the move format first"
     );
     assert_eq!(
-        rollflash::pipeline::success_threshold(&c.env.env),
+        rollflash_run::eval::success_threshold(&c.env.env),
         1.0,
         "reaching the goal is a success"
     );
@@ -62,7 +62,7 @@ fn eval_prints_the_success_rate_of_a_checkpoint() {
 /// the same seeds, so the difference is the noise alone.
 #[tokio::test]
 async fn noisy_demonstrations_leave_the_optimal_path_some_of_the_time() {
-    use rollflash::agentic_warmup::demonstration;
+    use rollflash_run::agentic_warmup::demonstration;
     let c = TrainConfig::load(Some(&frozenlake_toml()), &[]).unwrap();
     let rollflash_env::envs::EnvConfig::FrozenLake(lake) = &c.env.env else {
         panic!("frozen lake config");
@@ -106,9 +106,9 @@ fn auto_renders_a_saved_builtin_model_plain() {
     let w = Weights::random(&cfg, 1, DType::F32, &Device::Cpu).unwrap();
     rollflash_model::hf::save_dir(dir.path(), &cfg, &w, Some(&tok)).unwrap();
     let auto = TrainConfig::load(None, &[]).unwrap();
-    let r = rollflash::pipeline::renderer_for(&auto, Some(dir.path())).unwrap();
+    let r = rollflash_run::pipeline::renderer_for(&auto, Some(dir.path())).unwrap();
     assert!(matches!(r, rollflash_rollout::Renderer::Plain { .. }));
     let chat = TrainConfig::load(None, &["rollout.renderer=\"chat\"".to_string()]).unwrap();
-    let r = rollflash::pipeline::renderer_for(&chat, Some(dir.path())).unwrap();
+    let r = rollflash_run::pipeline::renderer_for(&chat, Some(dir.path())).unwrap();
     assert!(matches!(r, rollflash_rollout::Renderer::Chat { .. }));
 }

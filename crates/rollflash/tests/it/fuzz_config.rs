@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
-use rollflash::config::TrainConfig;
+use rollflash_run::config::TrainConfig;
 
 fn cases() -> u32 {
     std::env::var("ROLLFLASH_FUZZ_CASES")

@@ -118,10 +118,10 @@ fn sigint_mid_run_stops_cleanly_accounts_for_everything_and_resumes() {
 
     // The stop's checkpoint, though `checkpoint.every = 0`; its step count is the metrics'.
     let steps_done = metric_lines(dir);
-    let ckpt = rollflash::checkpoint::latest(&rollflash::checkpoint::root(dir)).unwrap();
+    let ckpt = rollflash_run::checkpoint::latest(&rollflash_run::checkpoint::root(dir)).unwrap();
     assert_eq!(
         ckpt,
-        rollflash::checkpoint::step_dir(&rollflash::checkpoint::root(dir), steps_done)
+        rollflash_run::checkpoint::step_dir(&rollflash_run::checkpoint::root(dir), steps_done)
     );
     assert!(read(dir, "report/report.md").contains("Interrupted"));
 
@@ -150,5 +150,5 @@ fn sigterm_during_the_warm_up_exits_at_once_and_saves_nothing() {
         stdout.contains("interrupted during the warm-up"),
         "{stdout}"
     );
-    assert!(!rollflash::checkpoint::root(dir).exists());
+    assert!(!rollflash_run::checkpoint::root(dir).exists());
 }

@@ -4,12 +4,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rollflash::prometheus::{Gauges, PromServer};
-use rollflash::{StepRecord, StepStats};
 use rollflash_core::buffer::Accounting;
 use rollflash_core::proxy::LeastLoaded;
 use rollflash_core::PolicyVersion;
 use rollflash_rollout::{Backend, BackendEntry, InstantBackend, LlmProxy, ProxyConfig};
+use rollflash_run::prometheus::{Gauges, PromServer};
+use rollflash_trainer::{StepRecord, StepStats};
 
 fn record() -> StepRecord {
     StepRecord {

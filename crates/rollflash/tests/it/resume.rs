@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use candle_core::{DType, Device};
-use rollflash::config::TrainConfig;
-use rollflash::pipeline::{self, Resume, RunOptions};
+use rollflash_run::config::TrainConfig;
+use rollflash_run::pipeline::{self, Resume, RunOptions};
 use serde_json::Value;
 
 /// A run small enough for seconds ([`crate::util::tiny_lake_sets`]), synchronous, no
@@ -36,7 +36,7 @@ fn cfg(dir: &Path, steps: usize, every: usize) -> TrainConfig {
 }
 
 fn metrics(dir: &Path) -> Vec<Value> {
-    rollflash::metrics::read(&dir.join("metrics.jsonl")).unwrap()
+    rollflash_run::metrics::read(&dir.join("metrics.jsonl")).unwrap()
 }
 
 fn column(rows: &[Value], key: &str) -> Vec<f64> {
@@ -63,7 +63,7 @@ async fn a_resumed_run_ends_where_the_uninterrupted_one_does() {
     // Stopped after K steps (its config says K), with a checkpoint at K.
     let b1 = pipeline::run(cfg(part.path(), K, K)).await.unwrap();
     assert_eq!(b1.report.steps.len(), K);
-    let ckpt = rollflash::checkpoint::latest(&part.path().join("checkpoints")).unwrap();
+    let ckpt = rollflash_run::checkpoint::latest(&part.path().join("checkpoints")).unwrap();
     assert!(ckpt.ends_with(format!("step-{K:08}")), "{}", ckpt.display());
     for f in [
         "config.json",
@@ -208,7 +208,7 @@ async fn metrics_have_every_field_and_the_report_is_built_from_them() {
     }
     // `rollflash report` rebuilds it from the files alone.
     std::fs::remove_dir_all(dir.path().join("report")).unwrap();
-    let again = rollflash::report::write(dir.path()).unwrap();
+    let again = rollflash_run::report::write(dir.path()).unwrap();
     assert_eq!(std::fs::read_to_string(again).unwrap(), md);
 }
 

@@ -19,7 +19,6 @@ use async_trait::async_trait;
 use candle_core::{DType, Device};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rollflash::{AsyncController, ControllerConfig, Learner, LearnerError, StepStats};
 use rollflash_core::buffer::{Batch, BufferConfig};
 use rollflash_core::proxy::LeastLoaded;
 use rollflash_core::{GenRequest, PauseMode, PolicyVersion, SamplingParams, Trajectory};
@@ -31,6 +30,7 @@ use rollflash_rollout::{
     Backend, BackendEntry, EnvFactory, EnvManager, EnvManagerConfig, HttpBackendConfig, LlmProxy,
     ProxyConfig, ProxyHandle, Renderer, SglangBackend, WeightUpdate,
 };
+use rollflash_trainer::{AsyncController, ControllerConfig, Learner, LearnerError, StepStats};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;

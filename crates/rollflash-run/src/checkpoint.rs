@@ -17,39 +17,9 @@ use rollflash_model::train::{AdamW, OptimizerConfig};
 use rollflash_model::weights::Weights;
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
-use crate::controller::Cursor;
-use crate::learner::PolicyLearner;
-use crate::pipeline::EvalResult;
-
-/// When to write checkpoints.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CheckpointSection {
-    /// Write one every this many steps (0 = never; the final weights are always saved).
-    pub every: usize,
-    /// How many of the newest checkpoints to keep.
-    pub keep: usize,
-}
-
-impl Default for CheckpointSection {
-    fn default() -> Self {
-        CheckpointSection { every: 0, keep: 3 }
-    }
-}
-
-impl CheckpointSection {
-    /// Checks ranges; the error names the field.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.every > 0 && self.keep == 0 {
-            return Err(ConfigError::Field {
-                field: "checkpoint.keep".into(),
-                reason: "must be at least 1 when checkpoint.every > 0".into(),
-            });
-        }
-        Ok(())
-    }
-}
+use crate::eval::EvalResult;
+use rollflash_trainer::learner::PolicyLearner;
+use rollflash_trainer::Cursor;
 
 /// A checkpoint could not be written or read.
 #[derive(Debug, thiserror::Error)]

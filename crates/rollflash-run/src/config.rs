@@ -54,10 +54,10 @@ pub struct TrainConfig {
     pub buffer: BufferConfig,
     pub train: TrainSection,
     pub controller: ControllerSection,
-    /// Checkpoints every K steps (see `crate::checkpoint`).
-    pub checkpoint: crate::checkpoint::CheckpointSection,
-    /// Progress bar, Prometheus endpoint, final report (see `crate::metrics`).
-    pub metrics: crate::metrics::MetricsSection,
+    /// Checkpoints every K steps (written by `crate::checkpoint`).
+    pub checkpoint: CheckpointSection,
+    /// Progress bar, Prometheus endpoint, final report (`crate::metrics`, `crate::prometheus`, `crate::report`).
+    pub metrics: MetricsSection,
 }
 
 /// Which policy to start from.
@@ -315,9 +315,9 @@ impl TrainConfig {
 
     /// The learner's settings: `[train]` with the rollout temperature the log-probs are
     /// re-computed under. One place, so train, bench and sim train alike.
-    pub fn learner_config(&self) -> crate::learner::LearnerConfig {
+    pub fn learner_config(&self) -> rollflash_trainer::learner::LearnerConfig {
         let t = &self.train;
-        crate::learner::LearnerConfig {
+        rollflash_trainer::learner::LearnerConfig {
             optimizer: rollflash_model::train::OptimizerConfig {
                 lr: t.lr,
                 beta1: t.adam_beta1,
@@ -508,4 +508,70 @@ fn apply_set(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
         cur.insert((*last).to_string(), value);
     }
     Ok(())
+}
+
+/// When to write checkpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CheckpointSection {
+    /// Write one every this many steps (0 = never; the final weights are always saved).
+    pub every: usize,
+    /// How many of the newest checkpoints to keep.
+    pub keep: usize,
+}
+
+impl Default for CheckpointSection {
+    fn default() -> Self {
+        CheckpointSection { every: 0, keep: 3 }
+    }
+}
+
+impl CheckpointSection {
+    /// Checks ranges; the error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.every > 0 && self.keep == 0 {
+            return Err(ConfigError::Field {
+                field: "checkpoint.keep".into(),
+                reason: "must be at least 1 when checkpoint.every > 0".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Observability of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Serve Prometheus metrics at this address during the run (e.g. `127.0.0.1:9400`);
+    /// absent means no endpoint. Loopback unless you mean to expose it.
+    pub prometheus: Option<String>,
+    /// Show a progress bar (only ever when stdout is a terminal).
+    pub progress: bool,
+    /// Write `report/` (plots and `report.md`) at the end of the run.
+    pub report: bool,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        MetricsSection {
+            prometheus: None,
+            progress: true,
+            report: true,
+        }
+    }
+}
+
+impl MetricsSection {
+    /// Checks the address parses; the error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(a) = &self.prometheus {
+            a.parse::<std::net::SocketAddr>()
+                .map_err(|e| ConfigError::Field {
+                    field: "metrics.prometheus".into(),
+                    reason: format!("`{a}` is not an address like 127.0.0.1:9400 ({e})"),
+                })?;
+        }
+        Ok(())
+    }
 }

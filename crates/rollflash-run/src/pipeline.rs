@@ -10,11 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::{DType, Device};
-use rollflash_core::proxy::{routing_policy, GroupId};
+use rollflash_core::proxy::routing_policy;
 use rollflash_core::{PolicyVersion, SamplingParams};
 use rollflash_env::envs::{make_env, EnvConfig};
 use rollflash_env::math_task::MathTask;
-use rollflash_env::Env;
 use rollflash_model::chat::ChatTemplate;
 use rollflash_model::config::ModelConfig;
 use rollflash_model::engine::EngineConfig;
@@ -25,22 +24,22 @@ use rollflash_rollout::{
     Backend, BackendEntry, EngineBackend, EngineBackendConfig, EnvFactory, EnvManager,
     EnvManagerConfig, LlmProxy, ProxyConfig, Renderer,
 };
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::checkpoint::{self, Checkpointer};
 use crate::config::TrainConfig;
-use crate::controller::{
-    AsyncController, ControllerConfig, Cursor, ResumeFrom, RunReport, SinkError, StepRecord,
-    StepSink,
-};
-use crate::learner::PolicyLearner;
+use crate::eval::{describe_eval, evaluate, evaluate_sampled, success_threshold, EvalResult};
 use crate::metrics::MetricsLog;
 use crate::progress::Progress;
 use crate::prometheus::{PromServer, SharedGauges};
 use crate::report::RunSummary;
 use crate::{agentic_warmup, warmup};
+use rollflash_trainer::learner::PolicyLearner;
 use rollflash_trainer::RunEnd;
+use rollflash_trainer::{
+    AsyncController, ControllerConfig, Cursor, ResumeFrom, RunReport, SinkError, StepRecord,
+    StepSink,
+};
 
 /// Why a run failed; the message says at which stage.
 #[derive(Debug, thiserror::Error)]
@@ -56,9 +55,9 @@ pub enum PipelineError {
     #[error("proxy: {0}")]
     Proxy(#[from] rollflash_rollout::ProxyError),
     #[error(transparent)]
-    Controller(#[from] crate::controller::ControllerError),
+    Controller(#[from] rollflash_trainer::ControllerError),
     #[error("learner: {0}")]
-    Learner(#[from] crate::controller::LearnerError),
+    Learner(#[from] rollflash_trainer::LearnerError),
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error(transparent)]
@@ -80,6 +79,8 @@ pub enum PipelineError {
     },
     #[error("{0}")]
     Invalid(String),
+    #[error(transparent)]
+    Warmup(crate::warmup::WarmupError),
     /// After a weight sync no backend served the new weights within
     /// `controller.serve_timeout_secs`; the run stopped with a checkpoint of where it was.
     #[error(
@@ -98,34 +99,17 @@ pub enum PipelineError {
     Interrupted { phase: &'static str },
 }
 
-/// Held-out greedy evaluation of a policy on the configured task.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct EvalResult {
-    /// Tasks evaluated (one greedy trajectory each).
-    pub tasks: usize,
-    /// Mean total reward.
-    pub mean_reward: f64,
-    /// Fraction of tasks whose reward reached the task's success threshold (accuracy for
-    /// math, success rate for the grid worlds).
-    pub success_rate: f64,
-    /// Math only: greedy accuracy with the answer format not checked (the last number
-    /// counts when `####` is missing), which separates arithmetic from format.
-    #[serde(default)]
-    pub format_free: Option<f64>,
-    /// Pass@1 of the policy as it samples (the rollout temperature), averaged over
-    /// `train.eval_samples` samples per task: the accuracy RL papers report beside greedy.
-    #[serde(default)]
-    pub sampled: Option<SampledEval>,
-}
-
-/// Sampled evaluation: `samples` trajectories per task at the rollout temperature.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct SampledEval {
-    pub samples: usize,
-    pub temperature: f64,
-    /// Mean over tasks and samples of reaching the success threshold.
-    pub success_rate: f64,
-    pub mean_reward: f64,
+impl From<crate::warmup::WarmupError> for PipelineError {
+    /// A stop during the warm-up is the run's interruption, like one during the first
+    /// evaluation.
+    fn from(e: crate::warmup::WarmupError) -> Self {
+        match e {
+            crate::warmup::WarmupError::Interrupted => PipelineError::Interrupted {
+                phase: "the warm-up",
+            },
+            e => PipelineError::Warmup(e),
+        }
+    }
 }
 
 /// What a run produced.
@@ -170,22 +154,7 @@ pub struct RunOptions {
     /// during RL the controller aborts rollout, finishes the running step, and the run
     /// writes a checkpoint of where it stopped (resumable with `--resume`), its metrics and
     /// report, and returns with [`TrainSummary::interrupted`] set.
-    pub stop: crate::StopFlag,
-}
-
-/// Episode seeds for evaluation, far from the training seeds so no task is shared.
-const EVAL_SEED_BASE: u64 = 1 << 40;
-
-/// The reward at or above which an episode of `env` counts as a success: the math task's
-/// (and tool use's) exact answer scores 1; FrozenLake's goal scores its goal reward; a
-/// solved Sokoban room adds `solved_reward`, which step costs and box rewards cannot
-/// reach on their own, so half of it separates solved from unsolved.
-pub fn success_threshold(env: &EnvConfig) -> f64 {
-    match env {
-        EnvConfig::Math(_) | EnvConfig::ToolUse(_) => 1.0,
-        EnvConfig::FrozenLake(c) => c.reward_schedule.0,
-        EnvConfig::Sokoban(c) => c.solved_reward / 2.0,
-    }
+    pub stop: rollflash_trainer::StopFlag,
 }
 
 /// The policy a run starts from, and how its conversations become tokens.
@@ -380,7 +349,7 @@ async fn warm_up(
     policy: &Policy,
     model: &mut TrainableModel,
     device: &Device,
-    stop: &crate::StopFlag,
+    stop: &rollflash_trainer::StopFlag,
 ) -> Result<(), PipelineError> {
     if cfg.warmup.steps == 0 {
         return Ok(());
@@ -770,114 +739,6 @@ async fn evaluate_both(cfg: &TrainConfig, rollout: &Rollout, threshold: f64) -> 
     )
     .await;
     Some(e)
-}
-
-/// One line: greedy success and reward, format-free accuracy and sampled pass@1 if known.
-pub fn describe_eval(e: &EvalResult) -> String {
-    let mut s = format!(
-        "greedy success {:.3} (mean reward {:.3}) on {} tasks",
-        e.success_rate, e.mean_reward, e.tasks
-    );
-    if let Some(f) = e.format_free {
-        s.push_str(&format!(", format-free {f:.3}"));
-    }
-    if let Some(p) = e.sampled {
-        s.push_str(&format!(
-            ", sampled pass@1 {:.3} ({} per task, T={})",
-            p.success_rate, p.samples, p.temperature
-        ));
-    }
-    s
-}
-
-/// Greedy evaluation over `n` held-out tasks (episode seeds far from training's), each a
-/// one-trajectory group; `None` when `n` is 0. A task whose environment cannot be built
-/// or whose trajectory fails scores 0.
-pub async fn evaluate(
-    envs: &EnvManager,
-    make: &EnvFactory,
-    n: usize,
-    success_threshold: f64,
-) -> Option<EvalResult> {
-    if n == 0 {
-        return None;
-    }
-    let runs = run_eval(envs, make, n, 1).await;
-    let (mut sum, mut ok, mut free, mut has_free) = (0.0, 0usize, 0.0, false);
-    for (reward, format_free) in &runs {
-        sum += reward;
-        ok += usize::from(*reward >= success_threshold);
-        if let Some(f) = format_free {
-            free += f;
-            has_free = true;
-        }
-    }
-    Some(EvalResult {
-        tasks: n,
-        mean_reward: sum / n as f64,
-        success_rate: ok as f64 / n as f64,
-        format_free: has_free.then(|| free / n as f64),
-        sampled: None,
-    })
-}
-
-/// Pass@1 at the sampling temperature of `envs`: `k` trajectories on each of the same `n`
-/// held-out tasks as [`evaluate`].
-pub async fn evaluate_sampled(
-    envs: &EnvManager,
-    make: &EnvFactory,
-    n: usize,
-    k: usize,
-    temperature: f64,
-    success_threshold: f64,
-) -> Option<SampledEval> {
-    if n == 0 || k == 0 {
-        return None;
-    }
-    let runs = run_eval(envs, make, n, k).await;
-    let total = runs.len().max(1) as f64;
-    Some(SampledEval {
-        samples: k,
-        temperature,
-        success_rate: runs.iter().filter(|(r, _)| *r >= success_threshold).count() as f64 / total,
-        mean_reward: runs.iter().map(|(r, _)| r).sum::<f64>() / total,
-    })
-}
-
-/// `(reward, format_free)` of `k` trajectories on each of `n` held-out tasks.
-async fn run_eval(
-    envs: &EnvManager,
-    make: &EnvFactory,
-    n: usize,
-    k: usize,
-) -> Vec<(f64, Option<f64>)> {
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..n as u64 {
-        for j in 0..k {
-            let envs = envs.clone();
-            let make = Arc::clone(make);
-            tasks.spawn(async move {
-                let mut env: Box<dyn Env> = match make() {
-                    Ok(e) => e,
-                    Err(_) => return (0.0, None),
-                };
-                let t = envs
-                    .run_trajectory(env.as_mut(), EVAL_SEED_BASE + i, j, GroupId(u64::MAX - i))
-                    .await;
-                let free = t
-                    .env_metrics
-                    .iter()
-                    .find(|(name, _)| name == "format_free")
-                    .map(|(_, v)| *v);
-                (t.reward, free)
-            });
-        }
-    }
-    let mut out = Vec::with_capacity(n * k);
-    while let Some(r) = tasks.join_next().await {
-        out.push(r.unwrap_or((0.0, None)));
-    }
-    out
 }
 
 /// Greedy held-out evaluation of the checkpoint in `dir` (a `final/` or `step-N/`

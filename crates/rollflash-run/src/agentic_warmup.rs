@@ -16,7 +16,7 @@ use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::train::{AdamW, OptimizerConfig, TrainableModel};
 
 use crate::config::TrainConfig;
-use crate::pipeline::PipelineError;
+use crate::warmup::WarmupError;
 
 /// The first move of a shortest path from `state` to the goal that avoids holes, if one
 /// exists (ties broken in Gymnasium's action order, so the demonstrations are consistent).
@@ -73,10 +73,8 @@ pub async fn demonstration(
     max_turns: usize,
     max_total_tokens: usize,
     random_move_prob: f64,
-) -> Result<Demonstration, PipelineError> {
-    let eos = tok
-        .eos_token_id()
-        .ok_or_else(|| PipelineError::Invalid("tokenizer has no eos token".into()))?;
+) -> Result<Demonstration, WarmupError> {
+    let eos = tok.eos_token_id().ok_or_else(|| WarmupError::NoEos)?;
     let mut env = FrozenLake::new(lake_cfg.clone())?;
     let reset = env.reset(seed).await?;
     let mut ids: Vec<u32> = tok.bos_token_id().into_iter().collect();
@@ -129,8 +127,8 @@ pub async fn run(
     tok: &Tokenizer,
     lake_cfg: &FrozenLakeConfig,
     cfg: &TrainConfig,
-    stop: &crate::StopFlag,
-) -> Result<(), PipelineError> {
+    stop: &rollflash_trainer::StopFlag,
+) -> Result<(), WarmupError> {
     let w = &cfg.warmup;
     let device = Device::Cpu;
     let mut opt = AdamW::new(OptimizerConfig {
@@ -141,8 +139,7 @@ pub async fn run(
     });
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(cfg.train.threads.max(1) + cfg.rollout.engine_threads * cfg.rollout.engines)
-        .build()
-        .map_err(|e| PipelineError::Invalid(format!("thread pool: {e}")))?;
+        .build()?;
     let started = Instant::now();
     println!(
         "warm-up: {} supervised steps of {} FrozenLake episodes (optimal moves, random with probability {})",
@@ -150,9 +147,7 @@ pub async fn run(
     );
     for step in 0..w.steps {
         if stop.is_stopped() {
-            return Err(PipelineError::Interrupted {
-                phase: "the warm-up",
-            });
+            return Err(WarmupError::Interrupted);
         }
         let mut seqs = Vec::with_capacity(w.batch_size);
         let mut mask = Vec::new();

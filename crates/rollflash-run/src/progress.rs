@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::controller::StepRecord;
+use rollflash_trainer::StepRecord;
 
 /// A progress bar over the run's steps; invisible when stdout is not a terminal or when
 /// turned off.

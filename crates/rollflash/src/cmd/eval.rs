@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use rollflash::config::TrainConfig;
+use rollflash_run::config::TrainConfig;
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
@@ -33,7 +33,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let r = rt.block_on(rollflash::pipeline::evaluate_checkpoint(
+    let r = rt.block_on(rollflash_run::pipeline::evaluate_checkpoint(
         &cfg,
         &a.checkpoint,
         n,
@@ -52,7 +52,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
 
 /// `rollflash report DIR`.
 pub fn report(dir: PathBuf) -> Result<()> {
-    let path = rollflash::report::write(&dir)?;
+    let path = rollflash_run::report::write(&dir)?;
     println!("wrote {}", path.display());
     Ok(())
 }

@@ -9,7 +9,24 @@ use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::train::{AdamW, OptimizerConfig, TrainableModel};
 
 use crate::config::TrainConfig;
-use crate::pipeline::PipelineError;
+
+/// Why a warm-up stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WarmupError {
+    #[error("warm-up: the tokenizer has no end-of-sequence token")]
+    NoEos,
+    #[error("warm-up: {0}")]
+    Model(#[from] rollflash_model::ModelError),
+    #[error("warm-up: {0}")]
+    Step(#[from] rollflash_trainer::LearnerError),
+    #[error("warm-up: thread pool: {0}")]
+    ThreadPool(#[from] rayon::ThreadPoolBuildError),
+    #[error("warm-up: environment: {0}")]
+    Env(#[from] rollflash_env::EnvError),
+    /// A stop was asked for between two steps.
+    #[error("interrupted during the warm-up")]
+    Interrupted,
+}
 
 /// Supervised warm-up on the task's worked solutions: next-token loss on the completion
 /// (and its end-of-sequence token), in the exact format the environment manager renders.
@@ -18,13 +35,11 @@ pub fn run(
     tok: &Tokenizer,
     task: &MathTask,
     cfg: &TrainConfig,
-    stop: &crate::StopFlag,
-) -> Result<(), PipelineError> {
+    stop: &rollflash_trainer::StopFlag,
+) -> Result<(), WarmupError> {
     let w = &cfg.warmup;
     let device = Device::Cpu;
-    let eos = tok
-        .eos_token_id()
-        .ok_or_else(|| PipelineError::Invalid("tokenizer has no eos token".into()))?;
+    let eos = tok.eos_token_id().ok_or_else(|| WarmupError::NoEos)?;
     let mut opt = AdamW::new(OptimizerConfig {
         lr: w.lr,
         warmup_steps: w.steps / 20,
@@ -33,8 +48,7 @@ pub fn run(
     });
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(cfg.train.threads.max(1) + cfg.rollout.engine_threads * cfg.rollout.engines)
-        .build()
-        .map_err(|e| PipelineError::Invalid(format!("thread pool: {e}")))?;
+        .build()?;
     let started = Instant::now();
     println!(
         "warm-up: {} supervised steps of {} worked solutions",
@@ -42,9 +56,7 @@ pub fn run(
     );
     for step in 0..w.steps {
         if stop.is_stopped() {
-            return Err(PipelineError::Interrupted {
-                phase: "the warm-up",
-            });
+            return Err(WarmupError::Interrupted);
         }
         let mut examples = task.warmup_examples(w.batch_size, cfg.seed.wrapping_add(step as u64));
         for (i, (_, c)) in examples.iter_mut().enumerate() {

@@ -11,7 +11,7 @@ use rollflash_plot::{line_chart, Chart, Series};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::pipeline::EvalResult;
+use crate::eval::EvalResult;
 
 /// `summary.json`: what a finished run adds to its per-step metrics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

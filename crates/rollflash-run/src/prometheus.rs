@@ -15,7 +15,7 @@ use axum::Router;
 use rollflash_rollout::ProxyHandle;
 use tokio::sync::oneshot;
 
-use crate::controller::StepRecord;
+use rollflash_trainer::StepRecord;
 
 /// The values the endpoint shows, updated by the run after every step.
 #[derive(Debug, Clone, Default)]

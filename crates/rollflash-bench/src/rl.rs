@@ -42,10 +42,11 @@ use rollflash_rollout::{
 };
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::config::{ConfigError, TrainConfig};
-use crate::controller::{AsyncController, ControllerConfig, RunReport};
-use crate::learner::PolicyLearner;
-use crate::pipeline::{success_threshold, PipelineError};
+use rollflash_run::config::{ConfigError, TrainConfig};
+use rollflash_run::eval::success_threshold;
+use rollflash_run::pipeline::PipelineError;
+use rollflash_trainer::learner::PolicyLearner;
+use rollflash_trainer::{AsyncController, ControllerConfig, RunReport};
 
 /// Why a benchmark could not run.
 #[derive(Debug, thiserror::Error)]
@@ -65,9 +66,9 @@ pub enum BenchError {
     #[error("environment: {0}")]
     Env(#[from] EnvError),
     #[error(transparent)]
-    Controller(#[from] crate::controller::ControllerError),
+    Controller(#[from] rollflash_trainer::ControllerError),
     #[error("learner: {0}")]
-    Learner(#[from] crate::controller::LearnerError),
+    Learner(#[from] rollflash_trainer::LearnerError),
     #[error("plot: {0}")]
     Plot(#[from] rollflash_plot::PlotError),
     #[error("{what} {path}: {source}")]
@@ -595,7 +596,10 @@ fn prepare_policy(cfg: &TrainConfig, out: &Path) -> Result<Policy, BenchError> {
     let model_cfg = ModelConfig::builtin_default(tokenizer.vocab_size(), eos);
     let mut weights = Weights::random(&model_cfg, cfg.seed, DType::F32, &device)?;
     if let (EnvConfig::Math(task_cfg), true) = (&cfg.env.env, cfg.warmup.steps > 0) {
-        let cache = out.join(format!("warmup-{:016x}", crate::warmup::cache_key(cfg)));
+        let cache = out.join(format!(
+            "warmup-{:016x}",
+            rollflash_run::warmup::cache_key(cfg)
+        ));
         if cache.join("model.safetensors").exists() {
             weights = rollflash_model::hf::load_weights(&cache, &device)?;
             println!("warm-up: reused {}", cache.display());
@@ -603,7 +607,14 @@ fn prepare_policy(cfg: &TrainConfig, out: &Path) -> Result<Policy, BenchError> {
             let model = TrainableModel::new(&model_cfg, &weights, DType::F32, &device)?;
             let task = MathTask::new(task_cfg.clone())
                 .map_err(|e| BenchError::Invalid(format!("env: {e}")))?;
-            crate::warmup::run(&model, &tokenizer, &task, cfg, &crate::StopFlag::new())?;
+            rollflash_run::warmup::run(
+                &model,
+                &tokenizer,
+                &task,
+                cfg,
+                &rollflash_trainer::StopFlag::new(),
+            )
+            .map_err(PipelineError::from)?;
             weights = model.weights();
             rollflash_model::hf::save_dir(&cache, &model_cfg, &weights, Some(&tokenizer))?;
         }

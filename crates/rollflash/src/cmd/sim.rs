@@ -21,9 +21,6 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use clap::{Args, Subcommand};
-use rollflash::config::TrainConfig;
-use rollflash::learner::PolicyLearner;
-use rollflash::Learner;
 use rollflash_core::buffer::{Batch, BatchGroup, GroupKey};
 use rollflash_core::{PolicyVersion, RequestId, SamplingParams, Trajectory};
 use rollflash_env::envs::make_env;
@@ -33,10 +30,13 @@ use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::train::TrainableModel;
 use rollflash_model::weights::Weights;
 use rollflash_plot::{line_chart, Chart, Series};
+use rollflash_run::config::TrainConfig;
 use rollflash_sim::scenario::{self, Scale};
 use rollflash_sim::{
     simulate, Cell, InferenceCost, LatencyDist, LengthDist, SimConfig, Table, TrainCost,
 };
+use rollflash_trainer::learner::PolicyLearner;
+use rollflash_trainer::Learner;
 
 #[derive(Debug, Args)]
 pub struct SimArgs {
@@ -190,7 +190,7 @@ fn validate(a: ValidateArgs, out: &Path) -> Result<()> {
     let weights = if cfg.warmup.steps > 0 {
         let dir = cfg.output_dir.join(format!(
             "warmup-{:016x}",
-            rollflash::warmup::cache_key(&cfg)
+            rollflash_run::warmup::cache_key(&cfg)
         ));
         if !dir.join("model.safetensors").exists() {
             bail!(

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use rollflash::config::TrainConfig;
-use rollflash::pipeline::{PipelineError, Resume, RunOptions};
-use rollflash::StopFlag;
+use rollflash_run::config::TrainConfig;
+use rollflash_run::pipeline::{PipelineError, Resume, RunOptions};
+use rollflash_trainer::StopFlag;
 
 /// The exit status of a run stopped by a signal (128 + SIGINT, the shell's convention).
 const EXIT_INTERRUPTED: i32 = 130;
@@ -76,7 +76,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         .context("cannot start the async runtime")?;
     let outcome = rt.block_on(async {
         tokio::spawn(watch_signals(stop));
-        rollflash::pipeline::run_with(cfg, opts).await
+        rollflash_run::pipeline::run_with(cfg, opts).await
     });
     // Nothing the run started may outlive it: the runtime's drop waits for blocking work.
     drop(rt);

@@ -1,4 +1,4 @@
-//! `rollflash bench`: the command line of [`rollflash::bench_rl`] — the synchronous
+//! `rollflash bench`: the command line of [`rollflash_run::bench_rl`] — the synchronous
 //! baseline against each ROLL Flash mechanism alone and combined, on the same resources,
 //! printed as a table and written as Markdown, CSV and a chart.
 
@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rollflash::bench_rl::{self, BenchOptions, Workload, MODE_NAMES};
+use rollflash_bench::rl::{self as bench_rl, BenchOptions, Workload, MODE_NAMES};
 
 #[derive(Debug, Args)]
 pub struct BenchRlArgs {

@@ -1,52 +1,13 @@
-//! Per-step metrics: the `[metrics]` config section, the JSON record of one step, and
+//! Per-step metrics: the JSON record of one step, and
 //! `metrics.jsonl`, appended and flushed as each step is published so a killed run keeps
 //! everything up to its last step.
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::config::ConfigError;
-use crate::controller::StepRecord;
-
-/// Observability of a run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MetricsSection {
-    /// Serve Prometheus metrics at this address during the run (e.g. `127.0.0.1:9400`);
-    /// absent means no endpoint. Loopback unless you mean to expose it.
-    pub prometheus: Option<String>,
-    /// Show a progress bar (only ever when stdout is a terminal).
-    pub progress: bool,
-    /// Write `report/` (plots and `report.md`) at the end of the run.
-    pub report: bool,
-}
-
-impl Default for MetricsSection {
-    fn default() -> Self {
-        MetricsSection {
-            prometheus: None,
-            progress: true,
-            report: true,
-        }
-    }
-}
-
-impl MetricsSection {
-    /// Checks the address parses; the error names the field.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(a) = &self.prometheus {
-            a.parse::<std::net::SocketAddr>()
-                .map_err(|e| ConfigError::Field {
-                    field: "metrics.prometheus".into(),
-                    reason: format!("`{a}` is not an address like 127.0.0.1:9400 ({e})"),
-                })?;
-        }
-        Ok(())
-    }
-}
+use rollflash_trainer::StepRecord;
 
 /// `metrics.jsonl` could not be written or read.
 #[derive(Debug, thiserror::Error)]
