@@ -24,29 +24,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
-use candle_core::{DType, Device};
-use rollflash_core::SamplingParams;
 use rollflash_core::{FinishReason, GenOutput, GenRequest, PauseMode, PolicyVersion, RequestId};
-use rollflash_env::envs::{make_env, EnvConfig};
-use rollflash_env::math_task::MathTask;
 use rollflash_env::{Env, EnvError, Reset, Step};
-use rollflash_model::config::ModelConfig;
-use rollflash_model::engine::EngineConfig;
-use rollflash_model::tokenizer::Tokenizer;
-use rollflash_model::train::TrainableModel;
-use rollflash_model::weights::Weights;
-use rollflash_rollout::{
-    Backend, BackendEntry, BackendError, BackendLoad, EngineBackend, EngineBackendConfig,
-    EnvFactory, EnvManager, EnvManagerConfig, LlmProxy, ProxyConfig, Renderer, Replication,
-    WeightUpdate,
-};
+use rollflash_rollout::{Backend, BackendError, BackendLoad, Replication, WeightUpdate};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use rollflash_run::config::{ConfigError, TrainConfig};
-use rollflash_run::eval::success_threshold;
 use rollflash_run::pipeline::PipelineError;
+use rollflash_run::plan::{task_seed, RunPlan};
+use rollflash_run::stack::{self, Policy, Stack, StackHooks, WarmedUp, WrapEnv};
 use rollflash_trainer::learner::PolicyLearner;
-use rollflash_trainer::{AsyncController, ControllerConfig, RunReport};
+use rollflash_trainer::{AsyncController, RunReport, StopFlag};
 
 /// Why a benchmark could not run.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +43,10 @@ pub enum BenchError {
     Config(#[from] ConfigError),
     #[error("warm-up: {0}")]
     Warmup(#[from] PipelineError),
+    #[error(transparent)]
+    Plan(#[from] rollflash_run::plan::PlanError),
+    #[error(transparent)]
+    Stack(#[from] rollflash_run::stack::StackError),
     #[error("model: {0}")]
     Model(#[from] rollflash_model::ModelError),
     #[error("tensor: {0}")]
@@ -578,59 +570,28 @@ fn fmt3(s: Spread, decimals: usize) -> String {
     )
 }
 
-/// The policy every mode of a workload starts from.
-struct Policy {
-    model_cfg: ModelConfig,
-    weights: Weights,
-    tokenizer: Arc<Tokenizer>,
-}
-
-/// The built-in model from the config's seed, after the math warm-up when `warmup.steps`
-/// asks for one (cached under `out`, as `rollflash train` caches it).
-fn prepare_policy(cfg: &TrainConfig, out: &Path) -> Result<Policy, BenchError> {
-    let device = Device::Cpu;
-    let tokenizer = Tokenizer::builtin();
-    let eos = tokenizer
-        .eos_token_id()
-        .ok_or_else(|| BenchError::Invalid("built-in tokenizer has no eos".into()))?;
-    let model_cfg = ModelConfig::builtin_default(tokenizer.vocab_size(), eos);
-    let mut weights = Weights::random(&model_cfg, cfg.seed, DType::F32, &device)?;
-    if let (EnvConfig::Math(task_cfg), true) = (&cfg.env.env, cfg.warmup.steps > 0) {
-        let cache = out.join(format!(
-            "warmup-{:016x}",
-            rollflash_run::warmup::cache_key(cfg)
-        ));
-        if cache.join("model.safetensors").exists() {
-            weights = rollflash_model::hf::load_weights(&cache, &device)?;
-            println!("warm-up: reused {}", cache.display());
-        } else {
-            let model = TrainableModel::new(&model_cfg, &weights, DType::F32, &device)?;
-            let task = MathTask::new(task_cfg.clone())
-                .map_err(|e| BenchError::Invalid(format!("env: {e}")))?;
-            rollflash_run::warmup::run(
-                &model,
-                &tokenizer,
-                &task,
-                cfg,
-                &rollflash_trainer::StopFlag::new(),
-            )
-            .map_err(PipelineError::from)?;
-            weights = model.weights();
-            rollflash_model::hf::save_dir(&cache, &model_cfg, &weights, Some(&tokenizer))?;
-        }
+/// The plan and the starting policy of one workload: the built-in model from the config's
+/// seed, after the warm-up the plan asks for (cached under the output directory, as
+/// `rollflash train` caches it).
+async fn prepare(cfg: TrainConfig) -> Result<(RunPlan, Policy), BenchError> {
+    let plan = RunPlan::new(cfg)?;
+    let mut policy = Policy::load(&plan)?;
+    let mut model = policy.trainable(&plan)?;
+    if let WarmedUp::Reused(dir) = stack::warm_up(&plan, &policy, &mut model, &StopFlag::new())
+        .await
+        .map_err(PipelineError::from)?
+    {
+        println!("warm-up: reused {}", dir.display());
     }
-    Ok(Policy {
-        model_cfg,
-        weights,
-        tokenizer: Arc::new(tokenizer),
-    })
+    policy.weights = model.weights();
+    Ok((plan, policy))
 }
 
 /// Runs every requested mode of every workload `repeats` times, interleaved (each round
 /// runs every mode once, in alternating order, so drift in the machine's load spreads over
 /// all modes), and writes the results under `opts.out`.
 pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
-    let mut plan: Vec<(Workload, TrainConfig, Policy, Vec<Mode>)> = Vec::new();
+    let mut plans: Vec<(Workload, RunPlan, Policy, Vec<Mode>)> = Vec::new();
     let mut settings = Vec::new();
     for &w in &opts.workloads {
         let mut sets = w.sets();
@@ -652,8 +613,9 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             }
         }
         let started = Instant::now();
-        let policy = tokio::task::block_in_place(|| prepare_policy(&cfg, &opts.out))?;
-        if cfg.warmup.steps > 0 {
+        let warmup = cfg.warmup.steps;
+        let (run_plan, policy) = prepare(cfg).await?;
+        if warmup > 0 {
             println!(
                 "{}: policy ready in {:.0}s",
                 w.name(),
@@ -661,9 +623,9 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             );
         }
         settings.push((w, sets));
-        plan.push((w, cfg, policy, modes));
+        plans.push((w, run_plan, policy, modes));
     }
-    let mut results: Vec<ModeResult> = plan
+    let mut results: Vec<ModeResult> = plans
         .iter()
         .flat_map(|(w, _, _, modes)| {
             modes.iter().map(|m| ModeResult {
@@ -681,11 +643,11 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
         }
         for i in order {
             let (w, m) = (results[i].workload, results[i].mode.clone());
-            let Some((_, cfg, policy, _)) = plan.iter().find(|p| p.0 == w) else {
+            let Some((_, run_plan, policy, _)) = plans.iter().find(|p| p.0 == w) else {
                 continue;
             };
             let t0 = Instant::now();
-            let meas = run_mode(cfg, &m, policy, r).await?;
+            let meas = run_mode(run_plan, &m, policy, r).await?;
             if opts.verbose {
                 println!(
                     "[{} {}/{}] {:<10} {:>7.2} samples/s {:>8.0} tokens/s  rollout busy {:.2}  trainer busy {:.2}  staleness max {} mean {:.2}  ({:.1}s)",
@@ -712,127 +674,63 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     })
 }
 
-/// One run of `mode` on the workload `cfg` describes, from `policy`.
+/// One run of `mode` on the workload `base` plans, from `policy`: the plan with the mode's
+/// mechanisms switched on or off, built by the same stack `rollflash train` builds.
 async fn run_mode(
-    cfg: &TrainConfig,
+    base: &RunPlan,
     mode: &Mode,
     policy: &Policy,
     repeat: usize,
 ) -> Result<Measurement, BenchError> {
-    let device = Device::Cpu;
-    let r = &cfg.rollout;
-    let mut buffer = cfg.buffer.clone();
-    buffer.alpha = mode.alpha;
-    buffer.barrier = mode.alpha == 0.0;
-    let redundancy = if mode.redundant {
-        r.group_size_redundancy
-    } else {
-        0
-    };
-    let model = TrainableModel::new(&policy.model_cfg, &policy.weights, DType::F32, &device)?;
-    let snapshot = Arc::new(model.snapshot()?);
-    let version = PolicyVersion(0);
-    let mut backends = Vec::new();
-    for i in 0..r.engines {
-        let engine: Arc<dyn Backend> = Arc::new(EngineBackend::start(
-            Arc::clone(&snapshot),
-            version,
-            EngineBackendConfig {
-                name: format!("engine-{i}"),
-                engine: EngineConfig {
-                    max_running_requests: r.max_running_requests,
-                    threads: r.engine_threads,
-                    ..Default::default()
-                },
-            },
-        )?);
-        let backend: Arc<dyn Backend> = if mode.queue {
-            engine
-        } else {
-            Arc::new(WaveBackend::new(engine, r.max_running_requests))
-        };
-        backends.push(BackendEntry {
-            backend,
-            max_running_requests: r.max_running_requests,
-        });
+    let mut plan = base.clone();
+    let seed = plan.config.seed;
+    plan.controller.buffer.alpha = mode.alpha;
+    plan.controller.buffer.barrier = mode.alpha == 0.0;
+    if !mode.redundant {
+        plan.controller.redundancy = 0;
     }
-    let routing = rollflash_core::proxy::routing_policy(&r.routing)
-        .ok_or_else(|| BenchError::Invalid(format!("unknown routing {}", r.routing)))?;
-    let proxy = LlmProxy::start(
-        backends,
-        routing,
-        ProxyConfig::with_request_timeout(std::time::Duration::from_secs_f64(
-            cfg.rollout.request_timeout_secs,
-        )),
-    );
-    let (vtx, vrx) = tokio::sync::watch::channel(version);
-    let sampling = SamplingParams {
-        temperature: r.temperature,
-        top_p: r.top_p,
-        max_new_tokens: r.max_new_tokens,
-        stop_token_ids: policy.tokenizer.eos_token_id().into_iter().collect(),
-        seed: Some(cfg.seed.wrapping_add(repeat as u64)),
-        ..Default::default()
-    };
-    let envs = EnvManager::new(
-        proxy.handle(),
-        Arc::clone(&policy.tokenizer),
-        Renderer::Plain {
-            separator: "\n".into(),
-        },
-        EnvManagerConfig {
-            max_turns: r.max_turns,
-            max_total_tokens: r.max_total_tokens,
-            sampling,
-            step_timeout: std::time::Duration::from_secs_f64(r.step_timeout_secs),
-        },
-        vrx,
-    )
-    .with_replication(if mode.replicate {
+    plan.replication = if mode.replicate {
         Replication::Expand
     } else {
         Replication::PerRequest
-    });
-    let spec = cfg.env.clone();
-    spec.validate()?;
-    let make: EnvFactory = if mode.env_async {
-        Arc::new(move || make_env(&spec))
-    } else {
-        let slots = Arc::new(Semaphore::new(r.engines * r.max_running_requests));
-        Arc::new(move || {
-            Ok(Box::new(SlotEnv {
-                inner: make_env(&spec)?,
-                slots: Arc::clone(&slots),
-                permit: None,
-            }) as Box<dyn Env>)
-        })
     };
-    let mut learner_cfg = cfg.learner_config();
-    learner_cfg.temperature = r.temperature;
-    let learner = PolicyLearner::new(model, learner_cfg)?;
+    // The same task stream and sampling in every mode of a repeat.
+    plan.env_manager.sampling.seed = Some(seed.wrapping_add(repeat as u64));
+    plan.controller.seed = task_seed(seed).wrapping_add(repeat as u64 * 1_000_000);
+    let r = &plan.config.rollout;
+    let hooks = StackHooks {
+        wrap_backend: (!mode.queue).then(|| {
+            let cap = r.max_running_requests;
+            Box::new(move |b: Arc<dyn Backend>| {
+                Arc::new(WaveBackend::new(b, cap)) as Arc<dyn Backend>
+            }) as Box<dyn Fn(Arc<dyn Backend>) -> Arc<dyn Backend> + Send + Sync>
+        }),
+        wrap_env: (!mode.env_async).then(|| {
+            let slots = Arc::new(Semaphore::new(r.engines * r.max_running_requests));
+            Arc::new(move |inner: Box<dyn Env>| {
+                Box::new(SlotEnv {
+                    inner,
+                    slots: Arc::clone(&slots),
+                    permit: None,
+                }) as Box<dyn Env>
+            }) as WrapEnv
+        }),
+    };
+    let model = policy.trainable(&plan)?;
+    let stack = Stack::build_with(&plan, policy, &model, PolicyVersion(0), &hooks)?;
+    let learner = PolicyLearner::new(model, plan.learner.clone())?;
     let ctl = AsyncController::new(
-        ControllerConfig {
-            buffer,
-            redundancy,
-            steps: cfg.train.steps,
-            pause_mode: cfg.controller.pause_mode,
-            serve_timeout: std::time::Duration::from_secs_f64(cfg.controller.serve_timeout_secs),
-            // The same task stream in every mode of a repeat.
-            seed: cfg
-                .seed
-                .wrapping_mul(1_000_003)
-                .wrapping_add(repeat as u64 * 1_000_000),
-        },
-        proxy.handle(),
-        envs,
-        make,
-        vtx,
+        plan.controller.clone(),
+        stack.proxy.handle(),
+        stack.envs.clone(),
+        Arc::clone(&stack.make),
+        stack.version.clone(),
         learner,
     )?
-    .with_success_threshold(success_threshold(&cfg.env.env));
+    .with_success_threshold(plan.success_threshold);
     let outcome = ctl.run().await;
     // Shut the engines down whatever happened, then report.
-    proxy.shutdown().await?;
+    stack.proxy.shutdown().await?;
     Ok(Measurement::from_report(&outcome?, repeat))
 }
 

@@ -29,6 +29,8 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::{PauseMode, PolicyVersion, RequestId};
 
 /// Index of a backend in the order they were added.
@@ -264,13 +266,36 @@ impl RoutingPolicy for Sticky {
     }
 }
 
-/// Builds a routing policy by its config name.
-pub fn routing_policy(name: &str) -> Option<Box<dyn RoutingPolicy>> {
-    match name {
-        "round_robin" => Some(Box::new(RoundRobin::default())),
-        "least_loaded" => Some(Box::new(LeastLoaded)),
-        "sticky" => Some(Box::new(Sticky::default())),
-        _ => None,
+/// The routing policies by name, as configs write them (`least_loaded`, `round_robin`,
+/// `sticky`). Parsed once, by serde, where the config is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Routing {
+    RoundRobin,
+    #[default]
+    LeastLoaded,
+    Sticky,
+}
+
+impl Routing {
+    /// A fresh policy of this kind.
+    pub fn policy(self) -> Box<dyn RoutingPolicy> {
+        match self {
+            Routing::RoundRobin => Box::new(RoundRobin::default()),
+            Routing::LeastLoaded => Box::new(LeastLoaded),
+            Routing::Sticky => Box::new(Sticky::default()),
+        }
+    }
+
+    /// The policy a config name stands for (tests and command lines; configs go through
+    /// serde).
+    pub fn from_name(name: &str) -> Option<Routing> {
+        match name {
+            "round_robin" => Some(Routing::RoundRobin),
+            "least_loaded" => Some(Routing::LeastLoaded),
+            "sticky" => Some(Routing::Sticky),
+            _ => None,
+        }
     }
 }
 

@@ -8,7 +8,6 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use candle_core::Device;
 use rollflash_env::envs::frozen_lake::{Lake, Tile};
 use rollflash_env::envs::{Direction, FrozenLake, FrozenLakeConfig};
 use rollflash_env::Env;
@@ -130,7 +129,7 @@ pub async fn run(
     stop: &rollflash_trainer::StopFlag,
 ) -> Result<(), WarmupError> {
     let w = &cfg.warmup;
-    let device = Device::Cpu;
+    let device = model.model().device().clone();
     let mut opt = AdamW::new(OptimizerConfig {
         lr: w.lr,
         warmup_steps: w.steps / 20,

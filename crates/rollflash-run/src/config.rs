@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use rollflash_core::buffer::BufferConfig;
+use rollflash_core::proxy::Routing;
 use rollflash_core::PauseMode;
 use rollflash_env::envs::{EnvConfig, EnvSpec};
 use rollflash_env::math_task::MathTaskConfig;
@@ -22,12 +23,39 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    #[error("invalid config: {0}")]
-    Parse(String),
+    /// The file is not TOML.
+    #[error("config {path} is not valid TOML: {source}")]
+    Toml {
+        path: PathBuf,
+        /// Boxed: keeps `ConfigError` (and every error that wraps it) small.
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    /// A key has a value of the wrong type or an unknown name.
+    #[error("invalid config: `{key}`: {source}")]
+    Type {
+        key: String,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
     #[error("invalid --set `{arg}`: {reason}")]
     Set { arg: String, reason: String },
     #[error("invalid config field `{field}`: {reason}")]
     Field { field: String, reason: String },
+    #[error("invalid config: {0}")]
+    Buffer(#[from] rollflash_core::buffer::BufferConfigError),
+    #[error("invalid config: env: {0}")]
+    Env(#[source] rollflash_env::EnvError),
+    /// A loss or estimator setting is out of range (the message names the field).
+    #[error("invalid config: {section}: {source}")]
+    Train {
+        section: &'static str,
+        #[source]
+        source: rollflash_train::TrainError,
+    },
+    /// The resolved config could not be written back as TOML.
+    #[error("cannot print the config as TOML: {0}")]
+    Print(#[source] toml::ser::Error),
 }
 
 fn field(field: &str, reason: impl Into<String>) -> ConfigError {
@@ -66,6 +94,88 @@ pub struct TrainConfig {
 pub struct ModelSection {
     /// A Hugging Face directory; empty means the built-in tiny model.
     pub path: Option<PathBuf>,
+    /// Where the trainer and the embedded engines keep their tensors: `cpu`, or `cuda:N`
+    /// (a build with the `cuda` feature).
+    pub device: DeviceSpec,
+    /// Precision of the weights and activations: `f32` (`bf16` and `f16` on CUDA only: the
+    /// CPU kernels are f32).
+    pub dtype: DTypeSpec,
+}
+
+/// How conversations become tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RendererChoice {
+    /// The model directory's chat template when it has one (and is not a directory rollflash
+    /// saved from its built-in model, which was trained on plain text); plain text otherwise.
+    #[default]
+    Auto,
+    /// Plain text, turns joined by newlines.
+    Plain,
+    /// The model directory's chat template; refused when it has none.
+    Chat,
+}
+
+/// A device as configs write it: `cpu` or `cuda:N`. Parsed once, by serde.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum DeviceSpec {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl TryFrom<String> for DeviceSpec {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceSpec::Cuda)
+                .ok_or_else(|| format!("unknown device `{other}` (cpu, cuda:N)")),
+        }
+    }
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        DeviceSpec::try_from(s.to_string())
+    }
+}
+
+impl std::str::FromStr for DTypeSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(DTypeSpec::F32),
+            "bf16" => Ok(DTypeSpec::Bf16),
+            "f16" => Ok(DTypeSpec::F16),
+            other => Err(format!("unknown dtype `{other}` (f32, bf16, f16)")),
+        }
+    }
+}
+
+impl From<DeviceSpec> for String {
+    fn from(d: DeviceSpec) -> String {
+        match d {
+            DeviceSpec::Cpu => "cpu".into(),
+            DeviceSpec::Cuda(n) => format!("cuda:{n}"),
+        }
+    }
+}
+
+/// A tensor precision as configs write it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DTypeSpec {
+    #[default]
+    F32,
+    Bf16,
+    F16,
 }
 
 /// Supervised warm-up before RL (the built-in model starts from random weights).
@@ -102,7 +212,7 @@ pub struct RolloutSection {
     /// Admission limit per engine.
     pub max_running_requests: usize,
     /// `round_robin`, `least_loaded` or `sticky`.
-    pub routing: String,
+    pub routing: Routing,
     pub temperature: f64,
     pub top_p: f64,
     /// Tokens per model turn.
@@ -119,7 +229,7 @@ pub struct RolloutSection {
     pub group_size_redundancy: usize,
     /// How conversations become tokens: `auto` (the model directory's chat template when it
     /// has one, else plain text), `plain`, or `chat`.
-    pub renderer: String,
+    pub renderer: RendererChoice,
 }
 
 /// The optimiser side.
@@ -217,7 +327,7 @@ impl Default for RolloutSection {
             engines: 1,
             engine_threads: 1,
             max_running_requests: 64,
-            routing: "least_loaded".into(),
+            routing: Routing::LeastLoaded,
             temperature: 1.0,
             top_p: 1.0,
             max_new_tokens: 64,
@@ -226,7 +336,7 @@ impl Default for RolloutSection {
             step_timeout_secs: 30.0,
             request_timeout_secs: rollflash_rollout::DEFAULT_REQUEST_TIMEOUT.as_secs_f64(),
             group_size_redundancy: 0,
-            renderer: "auto".into(),
+            renderer: RendererChoice::Auto,
         }
     }
 }
@@ -283,7 +393,10 @@ impl TrainConfig {
                     source,
                 })?;
                 text.parse::<toml::Table>()
-                    .map_err(|e| ConfigError::Parse(format!("{}: {e}", p.display())))?
+                    .map_err(|source| ConfigError::Toml {
+                        path: p.to_path_buf(),
+                        source: Box::new(source),
+                    })?
             }
             None => toml::Table::new(),
         };
@@ -300,9 +413,9 @@ impl TrainConfig {
         let table = merged;
         // Deserialise through serde_path_to_error so a type error names its key path.
         let cfg: TrainConfig = serde_path_to_error::deserialize(toml::Value::Table(table))
-            .map_err(|e| {
-                let path = e.path().to_string();
-                ConfigError::Parse(format!("`{path}`: {}", e.into_inner()))
+            .map_err(|e| ConfigError::Type {
+                key: e.path().to_string(),
+                source: Box::new(e.into_inner()),
             })?;
         cfg.validate()?;
         Ok(cfg)
@@ -310,12 +423,15 @@ impl TrainConfig {
 
     /// The resolved configuration as TOML (what `--dry-run` prints).
     pub fn to_toml(&self) -> Result<String, ConfigError> {
-        toml::to_string_pretty(self).map_err(|e| ConfigError::Parse(e.to_string()))
+        toml::to_string_pretty(self).map_err(ConfigError::Print)
     }
 
     /// The learner's settings: `[train]` with the rollout temperature the log-probs are
     /// re-computed under. One place, so train, bench and sim train alike.
-    pub fn learner_config(&self) -> rollflash_trainer::learner::LearnerConfig {
+    pub fn learner_config(
+        &self,
+        device: &candle_core::Device,
+    ) -> rollflash_trainer::learner::LearnerConfig {
         let t = &self.train;
         rollflash_trainer::learner::LearnerConfig {
             optimizer: rollflash_model::train::OptimizerConfig {
@@ -334,18 +450,14 @@ impl TrainConfig {
             temperature: self.rollout.temperature,
             threads: t.threads,
             micro_batch_size: t.micro_batch_size,
-            device: candle_core::Device::Cpu,
+            device: device.clone(),
         }
     }
 
     /// Every check serde cannot make. Errors name the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.buffer
-            .validate()
-            .map_err(|e| ConfigError::Parse(e.to_string()))?;
-        self.env
-            .validate()
-            .map_err(|e| ConfigError::Parse(format!("env: {e}")))?;
+        self.buffer.validate()?;
+        self.env.validate().map_err(ConfigError::Env)?;
         let r = &self.rollout;
         if r.engines == 0 {
             return Err(field("rollout.engines", "must be at least 1"));
@@ -356,15 +468,6 @@ impl TrainConfig {
         if r.max_running_requests == 0 {
             return Err(field("rollout.max_running_requests", "must be at least 1"));
         }
-        if rollflash_core::proxy::routing_policy(&r.routing).is_none() {
-            return Err(field(
-                "rollout.routing",
-                format!(
-                    "unknown policy `{}` (round_robin, least_loaded, sticky)",
-                    r.routing
-                ),
-            ));
-        }
         if !(r.temperature > 0.0) || !r.temperature.is_finite() {
             return Err(field(
                 "rollout.temperature",
@@ -373,12 +476,6 @@ impl TrainConfig {
         }
         if !(r.top_p > 0.0 && r.top_p <= 1.0) {
             return Err(field("rollout.top_p", "must be in (0, 1]"));
-        }
-        if !["auto", "plain", "chat"].contains(&r.renderer.as_str()) {
-            return Err(field(
-                "rollout.renderer",
-                format!("unknown renderer `{}` (auto, plain, chat)", r.renderer),
-            ));
         }
         if r.max_new_tokens == 0 {
             return Err(field("rollout.max_new_tokens", "must be at least 1"));
@@ -426,12 +523,16 @@ impl TrainConfig {
         if !(t.max_grad_norm > 0.0) {
             return Err(field("train.max_grad_norm", "must be > 0"));
         }
-        t.loss
-            .validate()
-            .map_err(|e| ConfigError::Parse(format!("train.loss: {e}")))?;
+        t.loss.validate().map_err(|source| ConfigError::Train {
+            section: "train.loss",
+            source,
+        })?;
         t.advantage
             .validate()
-            .map_err(|e| ConfigError::Parse(format!("train.advantage: {e}")))?;
+            .map_err(|source| ConfigError::Train {
+                section: "train.advantage",
+                source,
+            })?;
         if self.warmup.steps > 0 && self.warmup.batch_size == 0 {
             return Err(field("warmup.batch_size", "must be at least 1"));
         }
@@ -445,7 +546,12 @@ impl TrainConfig {
             return Err(field("warmup.random_move_prob", "must be in [0, 1]"));
         }
         self.checkpoint.validate()?;
-        self.metrics.validate()?;
+        if self.model.device == DeviceSpec::Cpu && self.model.dtype != DTypeSpec::F32 {
+            return Err(field(
+                "model.dtype",
+                "the CPU kernels are f32 only (bf16 and f16 need model.device = \"cuda:N\")",
+            ));
+        }
         if self.controller.sync && self.buffer.alpha != 0.0 {
             return Err(field(
                 "buffer.alpha",
@@ -545,7 +651,7 @@ impl CheckpointSection {
 pub struct MetricsSection {
     /// Serve Prometheus metrics at this address during the run (e.g. `127.0.0.1:9400`);
     /// absent means no endpoint. Loopback unless you mean to expose it.
-    pub prometheus: Option<String>,
+    pub prometheus: Option<std::net::SocketAddr>,
     /// Show a progress bar (only ever when stdout is a terminal).
     pub progress: bool,
     /// Write `report/` (plots and `report.md`) at the end of the run.
@@ -559,19 +665,5 @@ impl Default for MetricsSection {
             progress: true,
             report: true,
         }
-    }
-}
-
-impl MetricsSection {
-    /// Checks the address parses; the error names the field.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(a) = &self.prometheus {
-            a.parse::<std::net::SocketAddr>()
-                .map_err(|e| ConfigError::Field {
-                    field: "metrics.prometheus".into(),
-                    reason: format!("`{a}` is not an address like 127.0.0.1:9400 ({e})"),
-                })?;
-        }
-        Ok(())
     }
 }

@@ -1,4 +1,4 @@
-//! The whole `rollflash train` run from a [`TrainConfig`]: policy (built-in or a Hugging
+//! The whole `rollflash train` run from a [`RunPlan`] (made from a [`TrainConfig`]): policy (built-in or a Hugging
 //! Face directory), a cached supervised warm-up where the task needs one, engine workers
 //! behind the proxy, environments through the `EnvManager`, the asynchronous controller with
 //! the policy learner, greedy evaluation before and after, per-step metrics (file, progress
@@ -9,37 +9,21 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::{DType, Device};
-use rollflash_core::proxy::routing_policy;
-use rollflash_core::{PolicyVersion, SamplingParams};
-use rollflash_env::envs::{make_env, EnvConfig};
-use rollflash_env::math_task::MathTask;
-use rollflash_model::chat::ChatTemplate;
-use rollflash_model::config::ModelConfig;
-use rollflash_model::engine::EngineConfig;
-use rollflash_model::tokenizer::Tokenizer;
-use rollflash_model::train::TrainableModel;
-use rollflash_model::weights::Weights;
-use rollflash_rollout::{
-    Backend, BackendEntry, EngineBackend, EngineBackendConfig, EnvFactory, EnvManager,
-    EnvManagerConfig, LlmProxy, ProxyConfig, Renderer,
+use rollflash_core::PolicyVersion;
+use rollflash_trainer::learner::PolicyLearner;
+use rollflash_trainer::{
+    AsyncController, Cursor, ResumeFrom, RunEnd, RunReport, SinkError, StepRecord, StepSink,
 };
-use tokio::sync::watch;
 
 use crate::checkpoint::{self, Checkpointer};
 use crate::config::TrainConfig;
-use crate::eval::{describe_eval, evaluate, evaluate_sampled, success_threshold, EvalResult};
+use crate::eval::{describe_eval, evaluate, evaluate_sampled, EvalResult};
 use crate::metrics::MetricsLog;
+use crate::plan::RunPlan;
 use crate::progress::Progress;
 use crate::prometheus::{PromServer, SharedGauges};
 use crate::report::RunSummary;
-use crate::{agentic_warmup, warmup};
-use rollflash_trainer::learner::PolicyLearner;
-use rollflash_trainer::RunEnd;
-use rollflash_trainer::{
-    AsyncController, ControllerConfig, Cursor, ResumeFrom, RunReport, SinkError, StepRecord,
-    StepSink,
-};
+use crate::stack::{self, Policy, Stack, WarmedUp};
 
 /// Why a run failed; the message says at which stage.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +63,10 @@ pub enum PipelineError {
     },
     #[error("{0}")]
     Invalid(String),
+    #[error(transparent)]
+    Plan(#[from] crate::plan::PlanError),
+    #[error(transparent)]
+    Stack(#[from] crate::stack::StackError),
     #[error(transparent)]
     Warmup(crate::warmup::WarmupError),
     /// After a weight sync no backend served the new weights within
@@ -157,255 +145,20 @@ pub struct RunOptions {
     pub stop: rollflash_trainer::StopFlag,
 }
 
-/// The policy a run starts from, and how its conversations become tokens.
-struct Policy {
-    model_cfg: ModelConfig,
-    weights: Weights,
-    tokenizer: Arc<Tokenizer>,
-    renderer: Renderer,
-}
-
-fn plain() -> Renderer {
-    Renderer::Plain {
-        separator: "\n".into(),
-    }
-}
-
-/// The renderer `rollout.renderer` asks for, given the model directory (if any). `auto`
-/// renders plain text for the built-in model, and for a directory it saved (a warm-up
-/// cache, a checkpoint): those carry the built-in tokenizer's chat template, but the model
-/// was trained on plain renderings, which is what it must be given.
-pub fn renderer_for(cfg: &TrainConfig, dir: Option<&Path>) -> Result<Renderer, PipelineError> {
-    let template = match dir {
-        Some(d) if cfg.rollout.renderer == "auto" && has_builtin_template(d) => None,
-        Some(d) => ChatTemplate::from_tokenizer_config(&d.join("tokenizer_config.json"))?,
-        None => None,
-    };
-    match (cfg.rollout.renderer.as_str(), template) {
-        ("plain", _) | ("auto", None) => Ok(plain()),
-        (_, Some(t)) => Ok(Renderer::Chat {
-            template: Arc::new(t),
-            system: None,
-        }),
-        (_, None) => Err(PipelineError::Invalid(
-            "rollout.renderer = \"chat\" needs a model directory with a chat template".into(),
-        )),
-    }
-}
-
-/// Whether `dir`'s tokenizer config holds the built-in tokenizer's chat template (a
-/// directory rollflash saved from a built-in model). Unreadable configs say no; loading the
-/// template reports them.
-fn has_builtin_template(dir: &Path) -> bool {
-    std::fs::read_to_string(dir.join("tokenizer_config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| {
-            v.get("chat_template")
-                .and_then(|t| t.as_str())
-                .map(|t| t == rollflash_model::chat::BUILTIN_CHAT_TEMPLATE)
-        })
-        .unwrap_or(false)
-}
-
-/// The tokenizer and renderer of the configured model (the built-in one when
-/// `model.path` is empty).
-fn tokenizer_and_renderer(cfg: &TrainConfig) -> Result<(Tokenizer, Renderer), PipelineError> {
-    match &cfg.model.path {
-        Some(dir) => Ok((Tokenizer::from_dir(dir)?, renderer_for(cfg, Some(dir))?)),
-        None => Ok((Tokenizer::builtin(), renderer_for(cfg, None)?)),
-    }
-}
-
-/// The configured starting policy: a Hugging Face directory, or the built-in model with
-/// random weights from the seed.
-fn initial_policy(cfg: &TrainConfig, device: &Device) -> Result<Policy, PipelineError> {
-    let (tokenizer, renderer) = tokenizer_and_renderer(cfg)?;
-    let (model_cfg, weights) = match &cfg.model.path {
-        Some(dir) => (
-            rollflash_model::hf::load_config(dir)?,
-            rollflash_model::hf::load_weights(dir, device)?,
-        ),
-        None => {
-            let eos = tokenizer
-                .eos_token_id()
-                .ok_or_else(|| PipelineError::Invalid("built-in tokenizer has no eos".into()))?;
-            let model_cfg = ModelConfig::builtin_default(tokenizer.vocab_size(), eos);
-            let weights = Weights::random(&model_cfg, cfg.seed, DType::F32, device)?;
-            (model_cfg, weights)
-        }
-    };
-    Ok(Policy {
-        model_cfg,
-        weights,
-        tokenizer: Arc::new(tokenizer),
-        renderer,
-    })
-}
-
-/// Engines behind the proxy, the environment managers for training (sampling) and
-/// evaluation (greedy, no injected latency or failures), and the version channel.
-struct Rollout {
-    proxy: LlmProxy,
-    version: watch::Sender<PolicyVersion>,
-    envs: EnvManager,
-    make: EnvFactory,
-    eval_envs: EnvManager,
-    eval_make: EnvFactory,
-}
-
-fn start_rollout(
-    cfg: &TrainConfig,
-    policy: &Policy,
-    model: &TrainableModel,
-    version: PolicyVersion,
-) -> Result<Rollout, PipelineError> {
-    let snapshot = Arc::new(model.snapshot()?);
-    let mut backends = Vec::new();
-    for i in 0..cfg.rollout.engines {
-        let b = EngineBackend::start(
-            Arc::clone(&snapshot),
-            version,
-            EngineBackendConfig {
-                name: format!("engine-{i}"),
-                engine: EngineConfig {
-                    max_running_requests: cfg.rollout.max_running_requests,
-                    threads: cfg.rollout.engine_threads,
-                    ..Default::default()
-                },
-            },
-        )?;
-        backends.push(BackendEntry {
-            backend: Arc::new(b) as Arc<dyn Backend>,
-            max_running_requests: cfg.rollout.max_running_requests,
-        });
-    }
-    let routing = routing_policy(&cfg.rollout.routing).ok_or_else(|| {
-        PipelineError::Invalid(format!("unknown routing {}", cfg.rollout.routing))
-    })?;
-    let proxy = LlmProxy::start(
-        backends,
-        routing,
-        ProxyConfig::with_request_timeout(std::time::Duration::from_secs_f64(
-            cfg.rollout.request_timeout_secs,
-        )),
-    );
-    let (vtx, vrx) = watch::channel(version);
-    let sampling = SamplingParams {
-        temperature: cfg.rollout.temperature,
-        top_p: cfg.rollout.top_p,
-        max_new_tokens: cfg.rollout.max_new_tokens,
-        stop_token_ids: policy.tokenizer.eos_token_id().into_iter().collect(),
-        seed: Some(cfg.seed),
-        ..Default::default()
-    };
-    let env_cfg = EnvManagerConfig {
-        max_turns: cfg.rollout.max_turns,
-        max_total_tokens: cfg.rollout.max_total_tokens,
-        sampling: sampling.clone(),
-        step_timeout: std::time::Duration::from_secs_f64(cfg.rollout.step_timeout_secs),
-    };
-    let envs = EnvManager::new(
-        proxy.handle(),
-        Arc::clone(&policy.tokenizer),
-        policy.renderer.clone(),
-        env_cfg.clone(),
-        vrx.clone(),
-    );
-    let spec = cfg.env.clone();
-    spec.validate()?;
-    let make: EnvFactory = Arc::new(move || make_env(&spec));
-    let mut eval_spec = cfg.env.clone();
-    eval_spec.latency = None;
-    eval_spec.failure = None;
-    let eval_make: EnvFactory = Arc::new(move || make_env(&eval_spec));
-    let eval_envs = EnvManager::new(
-        proxy.handle(),
-        Arc::clone(&policy.tokenizer),
-        policy.renderer.clone(),
-        EnvManagerConfig {
-            sampling: SamplingParams {
-                temperature: 0.0,
-                ..sampling
-            },
-            ..env_cfg
-        },
-        vrx,
-    );
-    Ok(Rollout {
-        proxy,
-        version: vtx,
-        envs,
-        make,
-        eval_envs,
-        eval_make,
-    })
-}
-
-/// The supervised warm-up the task needs, cached under `output_dir`: the math task's
-/// worked solutions, or a grid world's optimal moves.
-async fn warm_up(
-    cfg: &TrainConfig,
-    policy: &Policy,
-    model: &mut TrainableModel,
-    device: &Device,
-    stop: &rollflash_trainer::StopFlag,
-) -> Result<(), PipelineError> {
-    if cfg.warmup.steps == 0 {
-        return Ok(());
-    }
-    let supported = matches!(cfg.env.env, EnvConfig::Math(_) | EnvConfig::FrozenLake(_));
-    if !supported {
-        println!(
-            "warm-up: skipped (warm-up data exists for math and frozen_lake; env is `{}`)",
-            cfg.env.name()
-        );
-        return Ok(());
-    }
-    let cache = cfg
-        .output_dir
-        .join(format!("warmup-{:016x}", warmup::cache_key(cfg)));
-    if cfg.warmup.cache && cache.join("model.safetensors").exists() {
-        let w = rollflash_model::hf::load_weights(&cache, device)?;
-        *model = TrainableModel::new(&policy.model_cfg, &w, DType::F32, device)?;
-        println!("warm-up: reused {}", cache.display());
-        return Ok(());
-    }
-    match &cfg.env.env {
-        EnvConfig::Math(task_cfg) => {
-            let task = MathTask::new(task_cfg.clone())
-                .map_err(|e| PipelineError::Invalid(format!("env: {e}")))?;
-            tokio::task::block_in_place(|| {
-                warmup::run(model, &policy.tokenizer, &task, cfg, stop)
-            })?;
-        }
-        EnvConfig::FrozenLake(lake) => {
-            agentic_warmup::run(model, &policy.tokenizer, lake, cfg, stop).await?;
-        }
-        _ => {}
-    }
-    if cfg.warmup.cache {
-        rollflash_model::hf::save_dir(
-            &cache,
-            &policy.model_cfg,
-            &model.weights(),
-            Some(&policy.tokenizer),
-        )?;
-    }
-    Ok(())
-}
-
 /// Runs everything the config describes, from scratch.
 pub async fn run(cfg: TrainConfig) -> Result<TrainSummary, PipelineError> {
     run_with(cfg, RunOptions::default()).await
 }
 
 /// Runs everything the config describes, resuming or serving metrics as `opts` asks.
-pub async fn run_with(
-    cfg: TrainConfig,
-    mut opts: RunOptions,
-) -> Result<TrainSummary, PipelineError> {
-    let device = Device::Cpu;
+pub async fn run_with(cfg: TrainConfig, opts: RunOptions) -> Result<TrainSummary, PipelineError> {
+    run_plan(RunPlan::new(cfg)?, opts).await
+}
+
+/// Runs a plan, resuming or serving metrics as `opts` asks.
+pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummary, PipelineError> {
+    let cfg = &plan.config;
+    let device = &plan.placement.device;
     std::fs::create_dir_all(&cfg.output_dir).map_err(|source| PipelineError::Io {
         what: "cannot create output directory",
         path: cfg.output_dir.clone(),
@@ -415,11 +168,11 @@ pub async fn run_with(
 
     // The policy: from a checkpoint when resuming (no warm-up: the checkpoint is past it).
     let resumed = match &opts.resume {
-        Some(Resume::Latest) => Some(checkpoint::load(&checkpoint::latest(&ckpt_root)?, &device)?),
-        Some(Resume::Dir(d)) => Some(checkpoint::load(d, &device)?),
+        Some(Resume::Latest) => Some(checkpoint::load(&checkpoint::latest(&ckpt_root)?, device)?),
+        Some(Resume::Dir(d)) => Some(checkpoint::load(d, device)?),
         None => None,
     };
-    let mut policy = initial_policy(&cfg, &device)?;
+    let mut policy = Policy::load(&plan)?;
     if let Some(r) = &resumed {
         if r.state.seed != cfg.seed {
             return Err(PipelineError::Invalid(format!(
@@ -438,22 +191,28 @@ pub async fn run_with(
             r.state.cursor.version
         );
     }
-    let mut model = TrainableModel::new(&policy.model_cfg, &policy.weights, DType::F32, &device)?;
+    let mut model = policy.trainable(&plan)?;
     if resumed.is_none() {
-        warm_up(&cfg, &policy, &mut model, &device, &opts.stop).await?;
+        match stack::warm_up(&plan, &policy, &mut model, &opts.stop).await? {
+            WarmedUp::Unsupported { env } => println!(
+                "warm-up: skipped (warm-up data exists for math and frozen_lake; env is `{env}`)"
+            ),
+            WarmedUp::Reused(dir) => println!("warm-up: reused {}", dir.display()),
+            WarmedUp::Skipped | WarmedUp::Ran => {}
+        }
     }
 
     let start_version = resumed
         .as_ref()
         .map_or(PolicyVersion(0), |r| r.state.cursor.version);
-    let rollout = start_rollout(&cfg, &policy, &model, start_version)?;
-    let threshold = success_threshold(&cfg.env.env);
+    let rollout = Stack::build(&plan, &policy, &model, start_version)?;
+    let threshold = plan.success_threshold;
 
     let eval_before = match &resumed {
         Some(r) => r.state.eval_before,
         None => {
             let e = tokio::select! {
-                e = evaluate_both(&cfg, &rollout, threshold) => e,
+                e = evaluate_both(&plan, &rollout) => e,
                 _ = opts.stop.stopped() => {
                     let _ = rollout.proxy.shutdown().await;
                     return Err(PipelineError::Interrupted { phase: "the evaluation before RL" });
@@ -477,18 +236,7 @@ pub async fn run_with(
     let done_before = resumed.as_ref().map_or(0, |r| r.state.cursor.steps_done);
     let progress = Progress::new(cfg.train.steps, done_before, cfg.metrics.progress);
     let gauges: SharedGauges = Arc::default();
-    let prom_addr = match opts.metrics_addr {
-        Some(a) => Some(a),
-        None => cfg
-            .metrics
-            .prometheus
-            .as_deref()
-            .map(|a| {
-                a.parse::<SocketAddr>()
-                    .map_err(|e| PipelineError::Invalid(format!("metrics.prometheus: {e}")))
-            })
-            .transpose()?,
-    };
+    let prom_addr = opts.metrics_addr.or(plan.prometheus);
     let prom = match prom_addr {
         Some(addr) => {
             let s = PromServer::start(addr, Arc::clone(&gauges), Some(rollout.proxy.handle()))
@@ -507,26 +255,13 @@ pub async fn run_with(
     };
 
     // The learner, with the optimizer's moments and schedule position when resuming.
-    let mut buffer = cfg.buffer.clone();
-    if cfg.controller.sync {
-        buffer.alpha = 0.0;
-        buffer.barrier = true;
-    }
-    let learner_cfg = cfg.learner_config();
-    let opt_cfg = learner_cfg.optimizer.clone();
-    let mut learner = PolicyLearner::new(model, learner_cfg)?;
+    let opt_cfg = plan.learner.optimizer.clone();
+    let mut learner = PolicyLearner::new(model, plan.learner.clone())?;
     if let Some(r) = &resumed {
         learner.set_optimizer(r.optimizer(opt_cfg)?);
     }
     let mut ctl = AsyncController::new(
-        ControllerConfig {
-            buffer,
-            redundancy: cfg.rollout.group_size_redundancy,
-            steps: cfg.train.steps,
-            pause_mode: cfg.controller.pause_mode,
-            serve_timeout: std::time::Duration::from_secs_f64(cfg.controller.serve_timeout_secs),
-            seed: cfg.seed.wrapping_mul(1_000_003),
-        },
+        plan.controller.clone(),
         rollout.proxy.handle(),
         rollout.envs.clone(),
         Arc::clone(&rollout.make),
@@ -580,7 +315,7 @@ pub async fn run_with(
     } else {
         // Every step ran; a stop now only skips the evaluation.
         tokio::select! {
-            e = evaluate_both(&cfg, &rollout, threshold) => e,
+            e = evaluate_both(&plan, &rollout) => e,
             _ = opts.stop.stopped() => {
                 println!("evaluation after RL skipped: stop requested");
                 None
@@ -632,12 +367,8 @@ pub async fn run_with(
         &cfg.output_dir,
         &RunSummary {
             env: cfg.env.name().to_string(),
-            alpha: if cfg.controller.sync {
-                0.0
-            } else {
-                cfg.buffer.alpha
-            },
-            sync: cfg.controller.sync,
+            alpha: plan.alpha(),
+            sync: plan.sync(),
             steps: report.cursor.steps_done,
             eval_before,
             eval_after,
@@ -721,21 +452,21 @@ impl StepSink<PolicyLearner> for RunSink {
 }
 
 /// Greedy evaluation, and sampled pass@1 when `train.eval_samples` asks for it.
-async fn evaluate_both(cfg: &TrainConfig, rollout: &Rollout, threshold: f64) -> Option<EvalResult> {
+async fn evaluate_both(plan: &RunPlan, rollout: &Stack) -> Option<EvalResult> {
     let mut e = evaluate(
         &rollout.eval_envs,
         &rollout.eval_make,
-        cfg.train.eval_problems,
-        threshold,
+        plan.eval.problems,
+        plan.success_threshold,
     )
     .await?;
     e.sampled = evaluate_sampled(
         &rollout.envs,
         &rollout.eval_make,
-        cfg.train.eval_problems,
-        cfg.train.eval_samples,
-        cfg.rollout.temperature,
-        threshold,
+        plan.eval.problems,
+        plan.eval.samples,
+        plan.eval.temperature,
+        plan.success_threshold,
     )
     .await;
     Some(e)
@@ -749,21 +480,15 @@ pub async fn evaluate_checkpoint(
     dir: &Path,
     problems: usize,
 ) -> Result<EvalResult, PipelineError> {
-    let device = Device::Cpu;
-    let (tokenizer, renderer) = tokenizer_and_renderer(cfg)?;
-    let policy = Policy {
-        model_cfg: rollflash_model::hf::load_config(dir)?,
-        weights: rollflash_model::hf::load_weights(dir, &device)?,
-        tokenizer: Arc::new(tokenizer),
-        renderer,
-    };
-    let model = TrainableModel::new(&policy.model_cfg, &policy.weights, DType::F32, &device)?;
-    let rollout = start_rollout(cfg, &policy, &model, PolicyVersion(0))?;
+    let plan = RunPlan::new(cfg.clone())?;
+    let policy = Policy::from_checkpoint(&plan, dir)?;
+    let model = policy.trainable(&plan)?;
+    let rollout = Stack::build(&plan, &policy, &model, PolicyVersion(0))?;
     let out = evaluate(
         &rollout.eval_envs,
         &rollout.eval_make,
         problems.max(1),
-        success_threshold(&cfg.env.env),
+        plan.success_threshold,
     )
     .await;
     rollout.proxy.shutdown().await?;

@@ -3,7 +3,6 @@
 
 use std::time::Instant;
 
-use candle_core::Device;
 use rollflash_env::math_task::MathTask;
 use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::train::{AdamW, OptimizerConfig, TrainableModel};
@@ -23,6 +22,8 @@ pub enum WarmupError {
     ThreadPool(#[from] rayon::ThreadPoolBuildError),
     #[error("warm-up: environment: {0}")]
     Env(#[from] rollflash_env::EnvError),
+    #[error("warm-up: math task: {0}")]
+    Task(#[from] rollflash_env::math_task::MathTaskError),
     /// A stop was asked for between two steps.
     #[error("interrupted during the warm-up")]
     Interrupted,
@@ -38,7 +39,7 @@ pub fn run(
     stop: &rollflash_trainer::StopFlag,
 ) -> Result<(), WarmupError> {
     let w = &cfg.warmup;
-    let device = Device::Cpu;
+    let device = model.model().device().clone();
     let eos = tok.eos_token_id().ok_or_else(|| WarmupError::NoEos)?;
     let mut opt = AdamW::new(OptimizerConfig {
         lr: w.lr,

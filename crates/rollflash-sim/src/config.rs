@@ -69,7 +69,7 @@ pub struct ClusterConfig {
     pub max_running: usize,
     pub batching: Batching,
     /// The proxy's routing policy by config name (`least_loaded`, `round_robin`, `sticky`).
-    pub routing: String,
+    pub routing: rollflash_core::proxy::Routing,
     /// Data-parallel training workers; a step's token work is split over them.
     pub train_workers: usize,
     /// Slow-downs while generation and training run at the same time on shared hardware.
@@ -109,7 +109,7 @@ impl Default for ClusterConfig {
             inference_workers: 1,
             max_running: 64,
             batching: Batching::Continuous,
-            routing: "least_loaded".into(),
+            routing: rollflash_core::proxy::Routing::LeastLoaded,
             train_workers: 1,
             contention: Contention::default(),
         }
@@ -347,15 +347,6 @@ impl SimConfig {
         }
         if c.train_workers == 0 {
             return Err(invalid("cluster.train_workers", "must be positive"));
-        }
-        if rollflash_core::proxy::routing_policy(&c.routing).is_none() {
-            return Err(invalid(
-                "cluster.routing",
-                format!(
-                    "unknown policy {:?} (least_loaded, round_robin, sticky)",
-                    c.routing
-                ),
-            ));
         }
         for (field, v) in [
             ("cluster.contention.gen", c.contention.gen),

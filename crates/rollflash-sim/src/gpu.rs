@@ -87,7 +87,7 @@ pub fn cluster(rollout_gpus: usize, train_gpus: usize) -> ClusterConfig {
         inference_workers: rollout_gpus.max(1),
         max_running: 128,
         batching: Batching::Continuous,
-        routing: "least_loaded".into(),
+        routing: rollflash_core::proxy::Routing::LeastLoaded,
         train_workers: train_gpus.max(1),
         contention: Default::default(),
     }

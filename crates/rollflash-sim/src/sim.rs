@@ -21,8 +21,8 @@ use rollflash_core::controller::{
     ControllerCore, CoreAction, CoreConfig, CoreEvent, CoreSummary, PublishedStep,
 };
 use rollflash_core::proxy::{
-    routing_policy, Affinity, BackendId, Completion, GroupId, Outcome, ProxyAction, ProxyEvent,
-    ProxySchedConfig, ProxyScheduler,
+    Affinity, BackendId, Completion, GroupId, Outcome, ProxyAction, ProxyEvent, ProxySchedConfig,
+    ProxyScheduler,
 };
 use rollflash_core::redundancy::{GroupDecision, GroupProgress, MemberEnd};
 use rollflash_core::{PolicyVersion, RequestId};
@@ -209,10 +209,7 @@ struct Sim<'a> {
 /// Runs one simulation. Deterministic: the same config gives the same report.
 pub fn simulate(cfg: &SimConfig) -> Result<SimReport, SimError> {
     cfg.validate()?;
-    let policy = routing_policy(&cfg.cluster.routing).ok_or_else(|| SimError::Config {
-        field: "cluster.routing".into(),
-        message: format!("unknown policy {:?}", cfg.cluster.routing),
-    })?;
+    let policy = cfg.cluster.routing.policy();
     let mut sched = ProxyScheduler::new(ProxySchedConfig::default(), policy);
     let mut workers = Vec::new();
     let mut backend_of = HashMap::new();

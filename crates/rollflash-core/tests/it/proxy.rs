@@ -9,8 +9,8 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rollflash_core::proxy::{
-    routing_policy, Affinity, BackendId, Completion, GroupId, Outcome, ProxyAction, ProxyEvent,
-    ProxySchedConfig, ProxyScheduler,
+    Affinity, BackendId, Completion, GroupId, Outcome, ProxyAction, ProxyEvent, ProxySchedConfig,
+    ProxyScheduler, Routing,
 };
 use rollflash_core::{PauseMode, PolicyVersion, RequestId};
 
@@ -31,7 +31,7 @@ impl Harness {
     }
 
     fn with_config(cfg: ProxySchedConfig, policy: &str, capacities: &[usize]) -> Self {
-        let mut s = ProxyScheduler::new(cfg, routing_policy(policy).unwrap());
+        let mut s = ProxyScheduler::new(cfg, Routing::from_name(policy).unwrap().policy());
         for &c in capacities {
             s.add_backend(c);
         }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use candle_core::{DType, Device};
 use clap::Args;
 use rollflash_core::{PolicyVersion, RequestId};
 use rollflash_model::config::ModelConfig;
@@ -42,10 +41,13 @@ pub struct BenchArgs {
     train_steps: usize,
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    #[command(flatten)]
+    placement: super::PlacementArgs,
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    let device = Device::Cpu;
+    let placement = a.placement.open()?;
+    let (device, dtype) = (placement.device, placement.dtype);
     let (cfg, weights, name) = match &a.model {
         Some(dir) => {
             let cfg = rollflash_model::hf::load_config(dir)?;
@@ -55,7 +57,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         None => {
             let tok = Tokenizer::builtin();
             let cfg = ModelConfig::builtin_default(tok.vocab_size(), 1);
-            let w = Weights::random(&cfg, 0, DType::F32, &device)?;
+            let w = Weights::random(&cfg, 0, dtype, &device)?;
             (cfg, w, "built-in default".to_string())
         }
     };
@@ -68,7 +70,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let model = Arc::new(rollflash_model::model::Transformer::from_weights(
         &cfg,
         &weights,
-        DType::F32,
+        dtype,
         &device,
     )?);
     let vocab = cfg.vocab_size as u32;
@@ -121,7 +123,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
     }
 
-    let trainable = TrainableModel::new(&cfg, &weights, DType::F32, &device)?;
+    let trainable = TrainableModel::new(&cfg, &weights, dtype, &device)?;
     let mut opt = AdamW::new(OptimizerConfig::default());
     let seqs: Vec<Vec<u32>> = (0..a.train_seqs)
         .map(|i| {

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Device};
 use clap::Args;
 use rollflash_core::{PolicyVersion, RequestId};
 use rollflash_model::chat::{ChatMessage, ChatTemplate};
@@ -36,10 +35,13 @@ pub struct GenerateArgs {
     seed: u64,
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    #[command(flatten)]
+    placement: super::PlacementArgs,
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
-    let loaded = rollflash_model::hf::load_dir(&a.model, DType::F32, &Device::Cpu)
+    let placement = a.placement.open()?;
+    let loaded = rollflash_model::hf::load_dir(&a.model, placement.dtype, &placement.device)
         .with_context(|| format!("loading model from {}", a.model.display()))?;
     let tok = loaded
         .tokenizer

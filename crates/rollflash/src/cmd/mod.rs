@@ -10,3 +10,24 @@ pub mod generate;
 pub mod serve;
 pub mod sim;
 pub mod train;
+
+use rollflash_run::config::{DTypeSpec, DeviceSpec};
+use rollflash_run::plan::Placement;
+
+/// `--device` and `--dtype` of the commands that load a model outside a run config.
+#[derive(Debug, clap::Args)]
+pub struct PlacementArgs {
+    /// Where tensors live: `cpu`, or `cuda:N` (a build with the `cuda` feature).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
+    /// Tensor precision: `f32` (`bf16`, `f16` on CUDA only).
+    #[arg(long, default_value = "f32")]
+    dtype: DTypeSpec,
+}
+
+impl PlacementArgs {
+    /// Opens the device.
+    pub fn open(&self) -> anyhow::Result<Placement> {
+        Ok(Placement::new(self.device, self.dtype)?)
+    }
+}

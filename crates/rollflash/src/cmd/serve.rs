@@ -12,7 +12,6 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Device};
 use clap::Args;
 use rollflash_core::PolicyVersion;
 use rollflash_model::chat::ChatTemplate;
@@ -75,6 +74,8 @@ pub struct ServeArgs {
     /// Policy version of the initial weights.
     #[arg(long, default_value_t = 0)]
     weight_version: u64,
+    #[command(flatten)]
+    placement: super::PlacementArgs,
 }
 
 /// An API key: `Debug` never shows it, so it cannot end up in logs.
@@ -108,10 +109,11 @@ struct Served {
 }
 
 fn load(a: &ServeArgs) -> Result<Served> {
-    let device = Device::Cpu;
+    let placement = a.placement.open()?;
+    let (device, dtype) = (placement.device, placement.dtype);
     match &a.model {
         Some(dir) => {
-            let loaded = rollflash_model::hf::load_dir(dir, DType::F32, &device)
+            let loaded = rollflash_model::hf::load_dir(dir, dtype, &device)
                 .with_context(|| format!("loading model from {}", dir.display()))?;
             let mut eos = loaded.config.eos_token_ids.clone();
             if let Some(e) = loaded.tokenizer.as_ref().and_then(Tokenizer::eos_token_id) {
@@ -137,8 +139,8 @@ fn load(a: &ServeArgs) -> Result<Served> {
                 .eos_token_id()
                 .context("the built-in tokenizer has no eos")?;
             let cfg = ModelConfig::builtin_default(tokenizer.vocab_size(), eos);
-            let weights = Weights::random(&cfg, a.init_seed, DType::F32, &device)?;
-            let model = Transformer::from_weights(&cfg, &weights, DType::F32, &device)?;
+            let weights = Weights::random(&cfg, a.init_seed, dtype, &device)?;
+            let model = Transformer::from_weights(&cfg, &weights, dtype, &device)?;
             Ok(Served {
                 model,
                 tokenizer: Some(tokenizer),

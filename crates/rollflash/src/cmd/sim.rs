@@ -322,7 +322,7 @@ fn validate(a: ValidateArgs, out: &Path) -> Result<()> {
     };
     sim.cluster.inference_workers = cfg.rollout.engines;
     sim.cluster.max_running = cfg.rollout.max_running_requests;
-    sim.cluster.routing = cfg.rollout.routing.clone();
+    sim.cluster.routing = cfg.rollout.routing;
     sim.cluster.train_workers = 1;
     sim.cluster.contention = rollflash_sim::Contention {
         gen: gen_slow,
@@ -563,7 +563,7 @@ fn time_learner(
     trajs: &[Trajectory],
 ) -> Result<(TrainCost, PolicyLearner, Batch<Trajectory>, usize)> {
     let model = TrainableModel::new(model_cfg, weights, DType::F32, &Device::Cpu)?;
-    let mut learner = PolicyLearner::new(model, cfg.learner_config())?;
+    let mut learner = PolicyLearner::new(model, cfg.learner_config(&Device::Cpu))?;
     let group = cfg.buffer.group_size.max(1);
     let full = cfg.buffer.groups_per_batch.max(2);
     let mut points = Vec::new();

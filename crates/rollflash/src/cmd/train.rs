@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use rollflash_run::config::TrainConfig;
 use rollflash_run::pipeline::{PipelineError, Resume, RunOptions};
+use rollflash_run::plan::RunPlan;
 use rollflash_trainer::StopFlag;
 
 /// The exit status of a run stopped by a signal (128 + SIGINT, the shell's convention).
@@ -40,8 +41,13 @@ pub struct TrainArgs {
 
 pub fn run(a: TrainArgs) -> Result<()> {
     let cfg = TrainConfig::load(a.config.as_deref(), &a.sets)?;
+    let plan = RunPlan::new(cfg.clone())?;
     if a.dry_run {
         print!("{}", cfg.to_toml()?);
+        // The plan as comments, so the output still parses as the config it prints.
+        for line in plan.describe() {
+            println!("# {line}");
+        }
         return Ok(());
     }
     let steps_total = cfg.train.steps;
@@ -52,8 +58,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
         cfg.train.steps,
         cfg.buffer.groups_per_batch,
         cfg.buffer.group_size,
-        if cfg.controller.sync { 0.0 } else { cfg.buffer.alpha },
-        if cfg.controller.sync { " (synchronous baseline)" } else { "" },
+        plan.alpha(),
+        if plan.sync() { " (synchronous baseline)" } else { "" },
         threads,
         cfg.rollout.engines,
         cfg.rollout.engine_threads,
@@ -76,7 +82,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         .context("cannot start the async runtime")?;
     let outcome = rt.block_on(async {
         tokio::spawn(watch_signals(stop));
-        rollflash_run::pipeline::run_with(cfg, opts).await
+        rollflash_run::pipeline::run_plan(plan, opts).await
     });
     // Nothing the run started may outlive it: the runtime's drop waits for blocking work.
     drop(rt);

@@ -31,7 +31,7 @@ fn dry_run_output_parses_back_to_the_same_config() {
     let back = TrainConfig::load(Some(&p), &[]).unwrap();
     assert_eq!(back, c);
     assert_eq!(back.buffer.alpha, 2.0);
-    assert_eq!(back.rollout.routing, "sticky");
+    assert_eq!(back.rollout.routing, rollflash_core::proxy::Routing::Sticky);
 }
 
 #[test]

@@ -106,9 +106,9 @@ fn auto_renders_a_saved_builtin_model_plain() {
     let w = Weights::random(&cfg, 1, DType::F32, &Device::Cpu).unwrap();
     rollflash_model::hf::save_dir(dir.path(), &cfg, &w, Some(&tok)).unwrap();
     let auto = TrainConfig::load(None, &[]).unwrap();
-    let r = rollflash_run::pipeline::renderer_for(&auto, Some(dir.path())).unwrap();
+    let r = rollflash_run::stack::renderer(auto.rollout.renderer, Some(dir.path())).unwrap();
     assert!(matches!(r, rollflash_rollout::Renderer::Plain { .. }));
     let chat = TrainConfig::load(None, &["rollout.renderer=\"chat\"".to_string()]).unwrap();
-    let r = rollflash_run::pipeline::renderer_for(&chat, Some(dir.path())).unwrap();
+    let r = rollflash_run::stack::renderer(chat.rollout.renderer, Some(dir.path())).unwrap();
     assert!(matches!(r, rollflash_rollout::Renderer::Chat { .. }));
 }

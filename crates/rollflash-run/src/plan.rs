@@ -1,0 +1,333 @@
+//! The run plan: the second stage of the config. [`TrainConfig`] is what the user wrote
+//! (serde, defaults, `--set`); [`RunPlan::new`] validates it once and derives, in one place,
+//! everything the run is built from — device and dtype, the backends, the environment
+//! source, the seed rules, the warm-up cache, the controller's, proxy's, environment
+//! manager's and learner's settings. `train`, `eval`, `bench` and `sim validate` build from a
+//! plan ([`crate::stack`]), so a rule derived from the config exists once.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use candle_core::{DType, Device};
+use rollflash_core::proxy::Routing;
+use rollflash_core::{PauseMode, SamplingParams};
+use rollflash_env::envs::{EnvConfig, EnvSpec};
+use rollflash_rollout::{EnvManagerConfig, ProxyConfig, Replication};
+use rollflash_trainer::learner::LearnerConfig;
+use rollflash_trainer::ControllerConfig;
+
+use crate::config::{ConfigError, DTypeSpec, DeviceSpec, RendererChoice, TrainConfig};
+use crate::eval::success_threshold;
+
+/// A plan could not be made from a (valid) config.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// `model.device = "cuda:N"` in a build without the `cuda` feature.
+    #[error("model.device = \"cuda:{0}\" needs a build with the `cuda` feature (cargo build --features cuda)")]
+    NoCuda(usize),
+    /// The device could not be opened.
+    #[error("model.device = \"{device}\": {source}")]
+    Device {
+        device: String,
+        #[source]
+        source: Box<candle_core::Error>,
+    },
+}
+
+/// Where tensors live and in what precision: the one place the run's device and dtype come
+/// from.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub device: Device,
+    pub dtype: DType,
+}
+
+impl Default for Placement {
+    /// The CPU in f32: what every kernel of the engine and the trainer supports.
+    fn default() -> Self {
+        Placement {
+            device: Device::Cpu,
+            dtype: DType::F32,
+        }
+    }
+}
+
+impl Placement {
+    /// Opens `device` for tensors of `dtype`.
+    pub fn new(device: DeviceSpec, dtype: DTypeSpec) -> Result<Self, PlanError> {
+        let dtype = match dtype {
+            DTypeSpec::F32 => DType::F32,
+            DTypeSpec::Bf16 => DType::BF16,
+            DTypeSpec::F16 => DType::F16,
+        };
+        let device = match device {
+            DeviceSpec::Cpu => Device::Cpu,
+            DeviceSpec::Cuda(n) => cuda(n)?,
+        };
+        Ok(Placement { device, dtype })
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(n: usize) -> Result<Device, PlanError> {
+    Device::new_cuda(n).map_err(|source| PlanError::Device {
+        device: String::from(DeviceSpec::Cuda(n)),
+        source: Box::new(source),
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(n: usize) -> Result<Device, PlanError> {
+    Err(PlanError::NoCuda(n))
+}
+
+/// The policy the run starts from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelSource {
+    /// The built-in tiny model, randomly initialised from the seed.
+    Builtin { seed: u64 },
+    /// A Hugging Face directory.
+    Dir(PathBuf),
+}
+
+/// One rollout backend.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendPlan {
+    /// An engine in this process, on its own threads.
+    Engine {
+        name: String,
+        threads: usize,
+        max_running_requests: usize,
+    },
+}
+
+/// Where tasks come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EnvSource {
+    /// A built-in environment (generated tasks), with the training spec's latency and
+    /// failure injection; evaluation uses it without them.
+    Builtin(EnvSpec),
+}
+
+impl EnvSource {
+    /// The spec training rolls out in.
+    pub fn train_spec(&self) -> &EnvSpec {
+        match self {
+            EnvSource::Builtin(s) => s,
+        }
+    }
+
+    /// The spec evaluation runs: the same tasks without injected latency or failures.
+    pub fn eval_spec(&self) -> EnvSpec {
+        let mut spec = self.train_spec().clone();
+        spec.latency = None;
+        spec.failure = None;
+        spec
+    }
+}
+
+/// The supervised warm-up the task needs, if any.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WarmupPlan {
+    /// No warm-up: `warmup.steps = 0`, or a resumed run (past it).
+    None,
+    /// The environment has no warm-up data (only math and frozen_lake do).
+    Unsupported { env: &'static str },
+    /// Warm up, reusing (or writing) the cache at `cache`.
+    Run { cache: PathBuf, reuse: bool },
+}
+
+/// Held-out evaluation before and after RL.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalPlan {
+    /// Tasks (greedy, one each); 0 = no evaluation.
+    pub problems: usize,
+    /// Samples per task for pass@1 at `temperature` (0 = greedy only).
+    pub samples: usize,
+    pub temperature: f64,
+}
+
+/// Everything a run is built from, validated and typed.
+#[derive(Debug, Clone)]
+pub struct RunPlan {
+    /// The config it was made from (what `--dry-run` prints, checkpoints compare, and the
+    /// warm-ups read their own section of).
+    pub config: TrainConfig,
+    pub placement: Placement,
+    pub model: ModelSource,
+    pub renderer: RendererChoice,
+    pub routing: Routing,
+    pub backends: Vec<BackendPlan>,
+    pub env: EnvSource,
+    /// How a group's samples are requested.
+    pub replication: Replication,
+    /// Limits and sampling of training trajectories. Its stop tokens are the tokenizer's
+    /// end-of-sequence token, added by the stack once the tokenizer is loaded.
+    pub env_manager: EnvManagerConfig,
+    pub proxy: ProxyConfig,
+    pub controller: ControllerConfig,
+    pub learner: LearnerConfig,
+    /// The reward at or above which a sample counts as a success.
+    pub success_threshold: f64,
+    pub warmup: WarmupPlan,
+    pub eval: EvalPlan,
+    pub prometheus: Option<SocketAddr>,
+}
+
+impl RunPlan {
+    /// The plan of `config`: validates it, opens its device, derives every setting.
+    pub fn new(config: TrainConfig) -> Result<Self, PlanError> {
+        config.validate()?;
+        let c = &config;
+        let placement = Placement::new(c.model.device, c.model.dtype)?;
+        let r = &c.rollout;
+        let model = match &c.model.path {
+            Some(dir) => ModelSource::Dir(dir.clone()),
+            None => ModelSource::Builtin { seed: c.seed },
+        };
+        let backends = (0..r.engines)
+            .map(|i| BackendPlan::Engine {
+                name: format!("engine-{i}"),
+                threads: r.engine_threads,
+                max_running_requests: r.max_running_requests,
+            })
+            .collect();
+        let sampling = SamplingParams {
+            temperature: r.temperature,
+            top_p: r.top_p,
+            max_new_tokens: r.max_new_tokens,
+            seed: Some(c.seed),
+            ..Default::default()
+        };
+        let env_manager = EnvManagerConfig {
+            max_turns: r.max_turns,
+            max_total_tokens: r.max_total_tokens,
+            sampling,
+            step_timeout: Duration::from_secs_f64(r.step_timeout_secs),
+        };
+        let mut buffer = c.buffer.clone();
+        if c.controller.sync {
+            buffer.alpha = 0.0;
+            buffer.barrier = true;
+        }
+        let controller = ControllerConfig {
+            buffer,
+            redundancy: r.group_size_redundancy,
+            steps: c.train.steps,
+            pause_mode: c.controller.pause_mode,
+            seed: task_seed(c.seed),
+            serve_timeout: Duration::from_secs_f64(c.controller.serve_timeout_secs),
+        };
+        let warmup = warmup_plan(c);
+        Ok(RunPlan {
+            placement: placement.clone(),
+            model,
+            renderer: r.renderer,
+            routing: r.routing,
+            backends,
+            env: EnvSource::Builtin(c.env.clone()),
+            replication: Replication::Expand,
+            env_manager,
+            proxy: ProxyConfig::with_request_timeout(Duration::from_secs_f64(
+                r.request_timeout_secs,
+            )),
+            controller,
+            learner: c.learner_config(&placement.device),
+            success_threshold: success_threshold(&c.env.env),
+            warmup,
+            eval: EvalPlan {
+                problems: c.train.eval_problems,
+                samples: c.train.eval_samples,
+                temperature: r.temperature,
+            },
+            prometheus: c.metrics.prometheus,
+            config,
+        })
+    }
+
+    /// The α in force: 0 for the synchronous baseline.
+    pub fn alpha(&self) -> f64 {
+        self.controller.buffer.alpha
+    }
+
+    /// Whether this is the synchronous baseline.
+    pub fn sync(&self) -> bool {
+        self.config.controller.sync
+    }
+
+    /// The pause mode of weight syncs.
+    pub fn pause_mode(&self) -> PauseMode {
+        self.controller.pause_mode
+    }
+
+    /// The plan in a few lines, for people (`rollflash train --dry-run`).
+    pub fn describe(&self) -> Vec<String> {
+        let mut out = vec![format!(
+            "plan: device {:?}, dtype {:?}, model {}",
+            self.placement.device,
+            self.placement.dtype,
+            match &self.model {
+                ModelSource::Builtin { seed } => format!("built-in (seed {seed})"),
+                ModelSource::Dir(d) => d.display().to_string(),
+            }
+        )];
+        for b in &self.backends {
+            let BackendPlan::Engine {
+                name,
+                threads,
+                max_running_requests,
+            } = b;
+            out.push(format!(
+                "backend {name}: embedded engine, {threads} thread(s), {max_running_requests} running requests"
+            ));
+        }
+        out.push(format!(
+            "routing {:?}, env `{}`, first task seed {}, α {}{}",
+            self.routing,
+            self.env.train_spec().name(),
+            self.controller.seed,
+            self.alpha(),
+            if self.sync() {
+                " (synchronous baseline)"
+            } else {
+                ""
+            }
+        ));
+        if let Some(c) = self.warmup_cache() {
+            out.push(format!("warm-up cache {}", c.display()));
+        }
+        out
+    }
+
+    /// Where the warm-up's result is cached, when the task has one.
+    pub fn warmup_cache(&self) -> Option<&PathBuf> {
+        match &self.warmup {
+            WarmupPlan::Run { cache, .. } => Some(cache),
+            _ => None,
+        }
+    }
+}
+
+/// The first task seed of a run with seed `seed`; group `k` uses `task_seed(seed) + k`. Far
+/// from the model's seed so model init and tasks do not share a stream.
+pub fn task_seed(seed: u64) -> u64 {
+    seed.wrapping_mul(1_000_003)
+}
+
+fn warmup_plan(c: &TrainConfig) -> WarmupPlan {
+    if c.warmup.steps == 0 {
+        return WarmupPlan::None;
+    }
+    match &c.env.env {
+        EnvConfig::Math(_) | EnvConfig::FrozenLake(_) => WarmupPlan::Run {
+            cache: c
+                .output_dir
+                .join(format!("warmup-{:016x}", crate::warmup::cache_key(c))),
+            reuse: c.warmup.cache,
+        },
+        _ => WarmupPlan::Unsupported { env: c.env.name() },
+    }
+}
