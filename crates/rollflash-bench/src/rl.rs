@@ -72,8 +72,6 @@ pub enum BenchError {
     },
     #[error("unknown mode `{0}` (known: {known})", known = MODE_NAMES.join(", "))]
     UnknownMode(String),
-    #[error("{0}")]
-    Invalid(String),
 }
 
 /// The two workloads the paper reports on.

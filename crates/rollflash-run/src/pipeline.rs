@@ -61,8 +61,17 @@ pub enum PipelineError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{0}")]
-    Invalid(String),
+    /// An evaluation of no tasks was asked for.
+    #[error("nothing to evaluate: 0 problems")]
+    NoProblems,
+    /// `--resume` from a checkpoint of a run with another seed: its task stream and rollouts
+    /// would not continue the same run.
+    #[error("checkpoint {dir} was written by a run with seed {checkpoint}, this config has seed {config}")]
+    SeedMismatch {
+        dir: PathBuf,
+        checkpoint: u64,
+        config: u64,
+    },
     #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
     #[error(transparent)]
@@ -175,12 +184,11 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     let mut policy = Policy::load(&plan)?;
     if let Some(r) = &resumed {
         if r.state.seed != cfg.seed {
-            return Err(PipelineError::Invalid(format!(
-                "checkpoint {} was written by a run with seed {}, this config has seed {}",
-                r.dir.display(),
-                r.state.seed,
-                cfg.seed
-            )));
+            return Err(PipelineError::SeedMismatch {
+                dir: r.dir.clone(),
+                checkpoint: r.state.seed,
+                config: cfg.seed,
+            });
         }
         policy.model_cfg = r.model_cfg.clone();
         policy.weights = r.weights.clone();
@@ -492,5 +500,5 @@ pub async fn evaluate_checkpoint(
     )
     .await;
     rollout.proxy.shutdown().await?;
-    out.ok_or_else(|| PipelineError::Invalid("no problems to evaluate".into()))
+    out.ok_or(PipelineError::NoProblems)
 }
