@@ -55,6 +55,12 @@ fn errors_name_the_field() {
         (vec!["buffer.group_size=0"], "group_size"),
         (vec!["env.name=chess"], "chess"),
         (vec!["nokey"], "key=value"),
+        (vec!["rollout.renderer=\"html\""], "rollout.renderer"),
+        (vec!["model.device=\"tpu\""], "model.device"),
+        (vec!["model.dtype=\"bf16\""], "model.dtype"),
+        (vec!["metrics.prometheus=\"here\""], "metrics.prometheus"),
+        (vec!["controller.serve_timeout_secs=0"], "serve_timeout_secs"),
+        (vec!["rollout.request_timeout_secs=-1"], "request_timeout_secs"),
     ] {
         let e = load(&sets).unwrap_err();
         assert!(e.contains(needle), "{sets:?}: {e}");
@@ -102,4 +108,56 @@ fn switching_the_advantage_estimator_drops_the_defaults_fields() {
             ..
         }
     ));
+}
+
+/// The plan derives each rule once: the synchronous baseline's buffer, the backends, the task
+/// seed rule, the warm-up cache, the device.
+#[test]
+fn the_plan_derives_every_rule_from_the_config() {
+    use rollflash_run::plan::{task_seed, BackendPlan, RunPlan, WarmupPlan};
+    let cfg = TrainConfig::load(
+        None,
+        &[
+            "seed=7",
+            "controller.sync=true",
+            "buffer.alpha=0",
+            "rollout.engines=3",
+            "rollout.engine_threads=2",
+            "rollout.routing=\"sticky\"",
+        ]
+        .map(String::from),
+    )
+    .unwrap();
+    let plan = RunPlan::new(cfg.clone()).unwrap();
+    assert!(plan.sync() && plan.controller.buffer.barrier);
+    assert_eq!(plan.alpha(), 0.0);
+    assert_eq!(plan.controller.seed, task_seed(7));
+    assert_eq!(task_seed(7), 7 * 1_000_003, "the rule checkpoints and sim validate rely on");
+    assert_eq!(plan.backends.len(), 3);
+    assert!(plan
+        .backends
+        .iter()
+        .all(|b| matches!(b, BackendPlan::Engine { threads: 2, .. })));
+    assert_eq!(plan.routing, rollflash_core::proxy::Routing::Sticky);
+    assert!(plan.placement.device.is_cpu());
+    assert_eq!(plan.learner.temperature, cfg.rollout.temperature);
+    match &plan.warmup {
+        WarmupPlan::Run { cache, .. } => {
+            assert!(cache.starts_with(&cfg.output_dir), "{}", cache.display())
+        }
+        other => panic!("the math task warms up: {other:?}"),
+    }
+    assert!(plan.describe().iter().any(|l| l.contains("engine-2")));
+}
+
+/// `cuda:N` parses, and a build without the `cuda` feature refuses it by the field's name.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_in_a_build_without_it_is_refused_by_name() {
+    let cfg = load(&["model.device=\"cuda:1\""]).unwrap();
+    assert_eq!(cfg.model.device, rollflash_run::config::DeviceSpec::Cuda(1));
+    let e = rollflash_run::plan::RunPlan::new(cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("model.device") && e.contains("cuda"), "{e}");
 }
