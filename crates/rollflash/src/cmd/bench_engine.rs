@@ -68,10 +68,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.threads
     );
     let model = Arc::new(rollflash_model::model::Transformer::from_weights(
-        &cfg,
-        &weights,
-        dtype,
-        &device,
+        &cfg, &weights, dtype, &device,
     )?);
     let vocab = cfg.vocab_size as u32;
     let mut base = None;

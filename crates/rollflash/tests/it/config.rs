@@ -59,8 +59,14 @@ fn errors_name_the_field() {
         (vec!["model.device=\"tpu\""], "model.device"),
         (vec!["model.dtype=\"bf16\""], "model.dtype"),
         (vec!["metrics.prometheus=\"here\""], "metrics.prometheus"),
-        (vec!["controller.serve_timeout_secs=0"], "serve_timeout_secs"),
-        (vec!["rollout.request_timeout_secs=-1"], "request_timeout_secs"),
+        (
+            vec!["controller.serve_timeout_secs=0"],
+            "serve_timeout_secs",
+        ),
+        (
+            vec!["rollout.request_timeout_secs=-1"],
+            "request_timeout_secs",
+        ),
     ] {
         let e = load(&sets).unwrap_err();
         assert!(e.contains(needle), "{sets:?}: {e}");
@@ -132,7 +138,11 @@ fn the_plan_derives_every_rule_from_the_config() {
     assert!(plan.sync() && plan.controller.buffer.barrier);
     assert_eq!(plan.alpha(), 0.0);
     assert_eq!(plan.controller.seed, task_seed(7));
-    assert_eq!(task_seed(7), 7 * 1_000_003, "the rule checkpoints and sim validate rely on");
+    assert_eq!(
+        task_seed(7),
+        7 * 1_000_003,
+        "the rule checkpoints and sim validate rely on"
+    );
     assert_eq!(plan.backends.len(), 3);
     assert!(plan
         .backends
