@@ -70,6 +70,10 @@ pub enum EnvError {
     /// A configuration value is invalid; the message names the field.
     #[error("invalid environment config `{field}`: {reason}")]
     Config { field: String, reason: String },
+    /// A dataset task's files could not be loaded or hold a bad row; the message names the
+    /// file, the row and the field.
+    #[error(transparent)]
+    Data(#[from] crate::envs::dataset::DataError),
     /// A remote environment could not be reached or answered with an error.
     #[error("remote environment {url}: {source}")]
     Remote {

@@ -126,7 +126,8 @@ pub struct EnvServerConfig {
     pub idle_timeout: Option<Duration>,
     /// Largest request body in bytes; larger ones answer 413.
     pub body_limit: usize,
-    /// Environment names this server builds (`None`: all of [`crate::envs::ENV_NAMES`]).
+    /// Environment names this server builds (`None`: all of [`crate::envs::ENV_NAMES`] but
+    /// `dataset`, which reads files named by the client).
     pub allowed_envs: Option<Vec<String>>,
 }
 
@@ -230,7 +231,7 @@ impl From<EnvError> for ApiError {
     fn from(e: EnvError) -> Self {
         let (status, kind) = match &e {
             EnvError::OutOfOrder(_) => (StatusCode::CONFLICT, "out_of_order"),
-            EnvError::Config { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
+            EnvError::Config { .. } | EnvError::Data(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             EnvError::Garbage(_) | EnvError::Undecodable { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "garbage")
             }
@@ -287,6 +288,12 @@ async fn create(
                 allowed.join(", ")
             )));
         }
+    } else if spec.name() == "dataset" {
+        // A dataset spec names files on this machine: served only when asked for by name,
+        // so an open server does not read whatever path a client sends.
+        return Err(ApiError::bad_request(
+            "environment `dataset` reads server-side files and is served only with `--env dataset`",
+        ));
     }
     let env = make_env(&spec)?;
     let mut table = st.table();

@@ -40,8 +40,9 @@ pub struct SampledEval {
     pub mean_reward: f64,
 }
 
-/// Episode seeds for evaluation, far from the training seeds so no task is shared.
-const EVAL_SEED_BASE: u64 = 1 << 40;
+/// Episode seeds for evaluation, far from the training seeds so no task is shared; the
+/// dataset task maps these seeds to its held-out rows.
+const EVAL_SEED_BASE: u64 = rollflash_env::envs::dataset::HELD_OUT_SEED_BASE;
 
 /// The reward at or above which an episode of `env` counts as a success: the math task's
 /// (and tool use's) exact answer scores 1; FrozenLake's goal scores its goal reward; a
@@ -49,7 +50,7 @@ const EVAL_SEED_BASE: u64 = 1 << 40;
 /// reach on their own, so half of it separates solved from unsolved.
 pub fn success_threshold(env: &EnvConfig) -> f64 {
     match env {
-        EnvConfig::Math(_) | EnvConfig::ToolUse(_) => 1.0,
+        EnvConfig::Math(_) | EnvConfig::Dataset(_) | EnvConfig::ToolUse(_) => 1.0,
         EnvConfig::FrozenLake(c) => c.reward_schedule.0,
         EnvConfig::Sokoban(c) => c.solved_reward / 2.0,
     }

@@ -228,7 +228,7 @@ impl RunPlan {
             renderer: r.renderer,
             routing: r.routing,
             backends,
-            env: EnvSource::Builtin(c.env.clone()),
+            env: EnvSource::Builtin(c.env.clone().with_task_seed_origin(task_seed(c.seed))),
             replication: Replication::Expand,
             env_manager,
             proxy: ProxyConfig::with_request_timeout(Duration::from_secs_f64(

@@ -1,4 +1,4 @@
-//! Built-in environments: math (RLVR), FrozenLake, Sokoban, tool use, and the registry that builds one from its config.
+//! Built-in environments: math (RLVR), the user's dataset, FrozenLake, Sokoban, tool use, and the registry that builds one from its config.
 //!
 //! Every environment speaks plain ASCII text: the first observation states the task and the
 //! action format, and actions are parsed leniently but deterministically (each environment
@@ -11,6 +11,7 @@
 //! files, the remote protocol ([`crate::remote`]) and `rollflash env-serve`; [`make_env`]
 //! turns one into a boxed [`Env`].
 
+pub mod dataset;
 pub mod frozen_lake;
 pub mod sokoban;
 pub mod tool_use;
@@ -22,13 +23,14 @@ use crate::env::{Env, EnvError};
 use crate::latency::{FailureConfig, Flaky, LatencyConfig};
 use crate::math_task::{MathEnv, MathTaskConfig};
 
+pub use dataset::{DataFile, DatasetEnv, DatasetTaskConfig};
 pub use frozen_lake::{FrozenLake, FrozenLakeConfig};
 pub use sokoban::{Sokoban, SokobanConfig};
 pub use tool_use::{ToolUse, ToolUseConfig};
 
 /// The names [`EnvConfig`] accepts in its `name` tag, for error messages and for servers that
 /// restrict what they offer.
-pub const ENV_NAMES: [&str; 4] = ["math", "frozen_lake", "sokoban", "tool_use"];
+pub const ENV_NAMES: [&str; 5] = ["math", "dataset", "frozen_lake", "sokoban", "tool_use"];
 
 /// Which built-in environment, with its own configuration. Serialised with the environment's
 /// name in a `name` field next to the configuration's fields, e.g.
@@ -38,6 +40,9 @@ pub const ENV_NAMES: [&str; 4] = ["math", "frozen_lake", "sokoban", "tool_use"];
 pub enum EnvConfig {
     /// Single-turn arithmetic with a verifiable answer ([`crate::math_task`]).
     Math(MathTaskConfig),
+    /// Single-turn prompts from the user's JSONL/Parquet files, scored by the math verifier
+    /// ([`dataset`]).
+    Dataset(DatasetTaskConfig),
     /// Gymnasium's `FrozenLake-v1` ([`frozen_lake`]).
     FrozenLake(FrozenLakeConfig),
     /// Procedurally generated, always solvable Sokoban rooms ([`sokoban`]).
@@ -51,6 +56,7 @@ impl EnvConfig {
     pub fn name(&self) -> &'static str {
         match self {
             EnvConfig::Math(_) => "math",
+            EnvConfig::Dataset(_) => "dataset",
             EnvConfig::FrozenLake(_) => "frozen_lake",
             EnvConfig::Sokoban(_) => "sokoban",
             EnvConfig::ToolUse(_) => "tool_use",
@@ -99,6 +105,16 @@ impl EnvSpec {
         self.env.name()
     }
 
+    /// This spec for a run whose first task seed is `first`: a dataset task's epochs start
+    /// there (see [`dataset`]), so consecutive groups see distinct rows. Other environments
+    /// are unchanged.
+    pub fn with_task_seed_origin(mut self, first: u64) -> EnvSpec {
+        if let EnvConfig::Dataset(c) = &mut self.env {
+            c.seed_origin = first;
+        }
+        self
+    }
+
     /// Checks every value that serde cannot (ranges, consistency). The error names the field,
     /// prefixed by the environment's name, e.g. `frozen_lake.success_rate`.
     pub fn validate(&self) -> Result<(), EnvError> {
@@ -113,6 +129,9 @@ impl EnvSpec {
             // Checked here too, not only in `MathTask::new`: a config must be refused when it is
             // loaded, before any warm-up runs (a NaN `product_prob` used to get through).
             EnvConfig::Math(c) => c.validate().map_err(|e| prefixed(e.into(), "math"))?,
+            // Loads the files (once per config and its clones): bad rows are refused here,
+            // at config load, before a model is loaded.
+            EnvConfig::Dataset(c) => c.validate().map_err(|e| prefixed(e, "dataset"))?,
             EnvConfig::FrozenLake(c) => c.validate().map_err(|e| prefixed(e, "frozen_lake"))?,
             EnvConfig::Sokoban(c) => c.validate().map_err(|e| prefixed(e, "sokoban"))?,
             EnvConfig::ToolUse(c) => c.validate().map_err(|e| prefixed(e, "tool_use"))?,
@@ -139,6 +158,7 @@ pub fn make_env(spec: &EnvSpec) -> Result<Box<dyn Env>, EnvError> {
     spec.validate()?;
     let env: Box<dyn Env> = match &spec.env {
         EnvConfig::Math(c) => Box::new(MathEnv::new(c.clone())?),
+        EnvConfig::Dataset(c) => Box::new(DatasetEnv::new(c)?),
         EnvConfig::FrozenLake(c) => Box::new(FrozenLake::new(c.clone())?),
         EnvConfig::Sokoban(c) => Box::new(Sokoban::new(c.clone())?),
         EnvConfig::ToolUse(c) => Box::new(ToolUse::new(c.clone())?),

@@ -524,7 +524,7 @@ impl MathVerifier {
 }
 
 /// The reference answer inside a reference solution, or the reference itself.
-fn reference_answer(reference: &str) -> &str {
+pub fn reference_answer(reference: &str) -> &str {
     let r = tail(reference);
     last_boxed(r)
         .or_else(|| after_hashes(r))
