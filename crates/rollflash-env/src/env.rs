@@ -72,8 +72,10 @@ pub enum EnvError {
     Config { field: String, reason: String },
     /// A dataset task's files could not be loaded or hold a bad row; the message names the
     /// file, the row and the field.
+    /// Boxed: the row's details would make every `EnvError` (and the errors holding one)
+    /// larger.
     #[error(transparent)]
-    Data(#[from] crate::envs::dataset::DataError),
+    Data(Box<crate::envs::dataset::DataError>),
     /// A remote environment could not be reached or answered with an error.
     #[error("remote environment {url}: {source}")]
     Remote {
@@ -82,6 +84,12 @@ pub enum EnvError {
         #[source]
         source: RemoteFailure,
     },
+}
+
+impl From<crate::envs::dataset::DataError> for EnvError {
+    fn from(e: crate::envs::dataset::DataError) -> Self {
+        EnvError::Data(Box::new(e))
+    }
 }
 
 /// What was out of order in a call to an environment.

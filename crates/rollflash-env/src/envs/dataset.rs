@@ -124,10 +124,14 @@ fn default_max_row_bytes() -> usize {
     DEFAULT_MAX_ROW_BYTES
 }
 
-/// The loaded data, shared by clones of a config. Not part of the config's value: equality
-/// and serialisation ignore it.
+/// The loaded data, shared by clones of a config, with the config it was loaded for (a clone
+/// changed afterwards loads its own). Not part of the config's value: equality and
+/// serialisation ignore it.
 #[derive(Clone, Default)]
-pub struct DataCache(Arc<Mutex<Option<Arc<LoadedData>>>>);
+pub struct DataCache(Arc<Mutex<Option<Loaded>>>);
+
+/// A load and the config (without its origin) it was made for.
+type Loaded = (Box<DatasetTaskConfig>, Arc<LoadedData>);
 
 impl std::fmt::Debug for DataCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -305,11 +309,18 @@ impl DatasetTaskConfig {
             .0
             .lock()
             .map_err(|_| EnvError::Failed("dataset cache poisoned by a panic".into()))?;
-        if let Some(d) = slot.as_ref() {
-            return Ok(Arc::clone(d));
+        // The origin only shifts the walk (`DatasetEnv` applies it), so a run that sets it
+        // after validating does not load the files again.
+        let mut key = self.clone();
+        key.seed_origin = 0;
+        key.cache = DataCache::default();
+        if let Some((loaded_for, d)) = slot.as_ref() {
+            if **loaded_for == key {
+                return Ok(Arc::clone(d));
+            }
         }
         let d = Arc::new(LoadedData::load(self)?);
-        *slot = Some(Arc::clone(&d));
+        *slot = Some((Box::new(key), Arc::clone(&d)));
         Ok(d)
     }
 }
@@ -452,9 +463,8 @@ pub struct LoadedData {
     epoch_len: u64,
     /// Held-out rows, in file order.
     heldout: Vec<TaskRow>,
-    /// Shuffle seed and origin (see [`DatasetTaskConfig`]).
+    /// Seed of the shuffles (see [`DatasetTaskConfig`]).
     shuffle_seed: u64,
-    seed_origin: u64,
     /// The last epochs' orders (indices into `train`); a run is in one or two at a time.
     epochs: Mutex<HashMap<u64, Arc<Vec<u32>>>>,
 }
@@ -649,7 +659,6 @@ impl LoadedData {
             epoch_len,
             heldout,
             shuffle_seed: cfg.shuffle_seed,
-            seed_origin: cfg.seed_origin,
             epochs: Mutex::new(HashMap::new()),
         })
     }
@@ -694,15 +703,16 @@ impl LoadedData {
         order
     }
 
-    /// The row task seed `seed` poses (see the module docs), and whether it is held out.
-    /// `None` for a held-out seed when there is no held-out split.
-    pub fn row_for(&self, seed: u64) -> Option<(&TaskRow, bool)> {
+    /// The row task seed `seed` poses when epoch 0 starts at seed `origin` (see the module
+    /// docs), and whether it is held out. `None` for a held-out seed when there is no
+    /// held-out split.
+    pub fn row_for(&self, seed: u64, origin: u64) -> Option<(&TaskRow, bool)> {
         if seed >= HELD_OUT_SEED_BASE {
             let n = self.heldout.len() as u64;
             let i = (seed - HELD_OUT_SEED_BASE).checked_rem(n)?;
             return self.heldout.get(i as usize).map(|r| (r, true));
         }
-        let p = seed.wrapping_sub(self.seed_origin);
+        let p = seed.wrapping_sub(origin);
         let (epoch, offset) = (p / self.epoch_len, p % self.epoch_len);
         let order = self.epoch_order(epoch);
         let i = *order.get(offset as usize)?;
@@ -722,6 +732,7 @@ fn per_epoch(n: usize, w: f64) -> usize {
 /// answers it.
 pub struct DatasetEnv {
     data: Arc<LoadedData>,
+    seed_origin: u64,
     extract: Vec<AnswerRule>,
     format_weight: f64,
     /// The row posed by the last `reset` and whether it is held out, until answered.
@@ -743,6 +754,7 @@ impl DatasetEnv {
     pub fn new(cfg: &DatasetTaskConfig) -> Result<DatasetEnv, EnvError> {
         Ok(DatasetEnv {
             data: cfg.data()?,
+            seed_origin: cfg.seed_origin,
             extract: cfg.extract.clone(),
             format_weight: cfg.format_weight,
             current: None,
@@ -777,7 +789,7 @@ impl DatasetEnv {
 #[async_trait]
 impl Env for DatasetEnv {
     async fn reset(&mut self, seed: u64) -> Result<Reset, EnvError> {
-        let Some((row, held)) = self.data.row_for(seed) else {
+        let Some((row, held)) = self.data.row_for(seed, self.seed_origin) else {
             return Err(config_error(
                 "dataset.heldout",
                 format!(

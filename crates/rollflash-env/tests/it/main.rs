@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod dataset;
+mod dataset_task;
 mod envs;
 mod fuzz_remote;
 mod latency;
