@@ -237,6 +237,39 @@ pub struct Workload {
     pub hang_fraction: f64,
     /// Bound on one environment step.
     pub step_timeout_s: f64,
+    /// Measured groups of episodes to replay instead of drawing prompts, responses,
+    /// observations, turn counts and rewards from the distributions above: group `k`
+    /// replays `measured_groups[k mod len]`, its member `m` that group's episode
+    /// `m mod size`. Replaying whole groups keeps what independent draws lose: how many turns
+    /// an episode of this task takes, how long its turns and observations are together, and
+    /// whether its members' rewards differ (what a zero-variance filter looks at).
+    /// `rollflash sim validate` rolls them out with the run's starting policy on the run's
+    /// own first tasks. Environment latency and failures are still drawn
+    /// (`reset_latency`, `step_latency`, `failure_rate`); `max_turns`, `max_new_tokens` and
+    /// `max_total_tokens` still bound them. Empty (the default): draw.
+    pub measured_groups: Vec<Vec<Episode>>,
+}
+
+/// One measured episode (see [`Workload::measured_groups`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Episode {
+    /// Tokens of the first prompt.
+    pub prompt_tokens: u64,
+    /// The model's turns, in order.
+    pub turns: Vec<EpisodeTurn>,
+    /// The episode's reward (summed over its steps).
+    pub reward: f64,
+}
+
+/// One model turn of a measured episode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EpisodeTurn {
+    /// Tokens the model generated.
+    pub response_tokens: u64,
+    /// Tokens of the observation appended after it (0 after the last turn).
+    pub observation_tokens: u64,
 }
 
 impl Default for Workload {
@@ -260,6 +293,7 @@ impl Default for Workload {
             failure_rate: 0.0,
             hang_fraction: 0.0,
             step_timeout_s: 30.0,
+            measured_groups: Vec::new(),
         }
     }
 }
@@ -404,6 +438,23 @@ impl SimConfig {
         probability("workload.failure_rate", w.failure_rate)?;
         probability("workload.hang_fraction", w.hang_fraction)?;
         non_negative("workload.step_timeout_s", w.step_timeout_s)?;
+        for (g, group) in w.measured_groups.iter().enumerate() {
+            let field = format!("workload.measured_groups[{g}]");
+            if group.is_empty() {
+                return Err(invalid(&field, "needs at least one episode"));
+            }
+            for (e, ep) in group.iter().enumerate() {
+                if ep.turns.is_empty() {
+                    return Err(invalid(&format!("{field}[{e}].turns"), "needs a turn"));
+                }
+                if !ep.reward.is_finite() {
+                    return Err(invalid(
+                        &format!("{field}[{e}].reward"),
+                        format!("must be finite, got {}", ep.reward),
+                    ));
+                }
+            }
+        }
         self.sched
             .effective_buffer()
             .validate()
