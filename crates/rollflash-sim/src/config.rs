@@ -166,6 +166,11 @@ pub struct TrainCost {
     pub token_s: f64,
     /// Data-parallel efficiency with more than one worker (communication, stragglers).
     pub parallel_efficiency: f64,
+    /// Extra seconds of a run's first step, paid once: the first pass allocates every
+    /// activation, gradient and optimizer buffer (page faults on fresh memory) and starts
+    /// the threads; later steps reuse them. On the CPU it is several steady steps' worth,
+    /// which a short run measures.
+    pub first_step_s: f64,
 }
 
 impl Default for TrainCost {
@@ -174,6 +179,7 @@ impl Default for TrainCost {
             step_s: 0.02,
             token_s: 4.0e-4,
             parallel_efficiency: 1.0,
+            first_step_s: 0.0,
         }
     }
 }
@@ -413,6 +419,7 @@ impl SimConfig {
         let t = &self.training;
         non_negative("training.step_s", t.step_s)?;
         non_negative("training.token_s", t.token_s)?;
+        non_negative("training.first_step_s", t.first_step_s)?;
         if !(t.parallel_efficiency > 0.0 && t.parallel_efficiency <= 1.0) {
             return Err(invalid(
                 "training.parallel_efficiency",

@@ -204,6 +204,8 @@ struct Sim<'a> {
     train_epoch: u64,
     /// Whether any worker was stepping after the last event (for contention).
     gen_busy: bool,
+    /// A training step has started (the first one pays `TrainCost::first_step_s`).
+    trained_any: bool,
 }
 
 /// Runs one simulation. Deterministic: the same config gives the same report.
@@ -268,6 +270,7 @@ pub fn simulate(cfg: &SimConfig) -> Result<SimReport, SimError> {
         gen_spans: Vec::new(),
         train_epoch: 0,
         gen_busy: false,
+        trained_any: false,
     };
     sim.run()?;
     Ok(sim.report())
@@ -395,10 +398,16 @@ impl Sim<'_> {
             }
         }
         let samples = batch.len();
-        let dt = self
-            .cfg
-            .training
-            .step_time(seq_tokens, self.cfg.cluster.train_workers);
+        let first = if std::mem::replace(&mut self.trained_any, true) {
+            0.0
+        } else {
+            self.cfg.training.first_step_s
+        };
+        let dt = first
+            + self
+                .cfg
+                .training
+                .step_time(seq_tokens, self.cfg.cluster.train_workers);
         let rate = self.train_rate();
         self.train_epoch += 1;
         let epoch = self.train_epoch;

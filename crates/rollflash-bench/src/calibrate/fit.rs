@@ -61,6 +61,7 @@ pub fn fit_training(points: &[(f64, f64)]) -> TrainCost {
         step_s: c[0].max(0.0),
         token_s: c[1].max(0.0),
         parallel_efficiency: 1.0,
+        first_step_s: 0.0,
     }
 }
 

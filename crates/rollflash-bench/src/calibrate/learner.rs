@@ -32,7 +32,8 @@ pub struct TimedLearner {
 }
 
 /// Times the run's learner on batches of `trajs` of two sizes (a full batch and half of
-/// one); fits `a + b·tokens`.
+/// one); fits `a + b·tokens` on all but the first step, whose excess over the fit is the
+/// one-time cost of a run's first step.
 pub fn time_learner(
     plan: &Plan,
     model_cfg: &ModelConfig,
@@ -49,6 +50,7 @@ pub fn time_learner(
     let group = plan.buffer.group_size.max(1);
     let full = plan.buffer.groups_per_batch.max(2);
     let mut points = Vec::new();
+    let mut first = (0.0, 0.0);
     let mut last = None;
     for (rep, groups) in [full, full / 2, full, full / 2, full]
         .into_iter()
@@ -78,16 +80,21 @@ pub fn time_learner(
         let t0 = Instant::now();
         learner.train(&batch)?;
         let secs = t0.elapsed().as_secs_f64();
-        // The first step pays one-time costs (allocations, thread start): not fitted.
+        // The first step pays one-time costs (allocations, thread start): not fitted, but
+        // kept, since a run pays them too.
         if rep > 0 {
             points.push((tokens as f64, secs));
+        } else {
+            first = (tokens as f64, secs);
         }
         last = Some((batch, tokens));
     }
     let (batch, tokens) =
         last.ok_or_else(|| CalibrateError::Invalid("no calibration batch".into()))?;
+    let mut cost = fit_training(&points);
+    cost.first_step_s = (first.1 - cost.step_time(first.0 as u64, 1)).max(0.0);
     Ok(TimedLearner {
-        cost: fit_training(&points),
+        cost,
         learner,
         batch,
         tokens,

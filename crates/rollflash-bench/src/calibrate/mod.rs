@@ -428,9 +428,10 @@ fn learner_and_contention(
 ) -> Result<Costs, CalibrateError> {
     let mut timed = learner::time_learner(plan, &policy.model_cfg, &policy.weights, trajs)?;
     println!(
-        "learner: {:.1} ms/step + {:.1} µs/token",
+        "learner: {:.1} ms/step + {:.1} µs/token; the first step {:.2} s more",
         timed.cost.step_s * 1e3,
-        timed.cost.token_s * 1e6
+        timed.cost.token_s * 1e6,
+        timed.cost.first_step_s
     );
     // Engines and trainer share this machine's cores: measure how much they slow each
     // other when they run together (the asynchronous run overlaps them; sync never does).

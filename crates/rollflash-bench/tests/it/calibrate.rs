@@ -109,7 +109,7 @@ fn training_fit_is_affine_unless_noise_makes_it_negative() {
         .collect();
     let c = fit_training(&points);
     assert!(close(c.step_s, 0.02) && close(c.token_s, 4e-4), "{c:?}");
-    assert_eq!(c.parallel_efficiency, 1.0);
+    assert_eq!((c.parallel_efficiency, c.first_step_s), (1.0, 0.0));
     // A negative intercept: proportional through the origin instead.
     let c = fit_training(&[(1000.0, 0.5), (2000.0, 1.5)]);
     assert_eq!(c.step_s, 0.0);
@@ -206,6 +206,7 @@ fn costs() -> Costs {
             step_s: 0.0,
             token_s: 6e-4,
             parallel_efficiency: 1.0,
+            first_step_s: 1.0,
         },
         contention: Contention {
             gen: 1.5,

@@ -407,6 +407,18 @@ fn quick_scenarios_produce_full_tables() {
 }
 
 #[test]
+fn only_the_first_step_pays_the_one_time_cost() {
+    let base = small(0.0, true);
+    let mut warm = base.clone();
+    warm.training.first_step_s = 0.5;
+    let (a, b) = (run(&base), run(&warm));
+    assert!((b.steps[0].train_s - a.steps[0].train_s - 0.5).abs() < 1e-6);
+    for (x, y) in a.steps.iter().zip(&b.steps).skip(1) {
+        assert!((x.train_s - y.train_s).abs() < 1e-6);
+    }
+}
+
+#[test]
 fn shared_hardware_slows_only_overlapping_work() {
     let slow = |mut c: SimConfig| {
         c.cluster.contention.gen = 2.0;
