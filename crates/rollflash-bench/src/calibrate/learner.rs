@@ -32,8 +32,8 @@ pub struct TimedLearner {
 }
 
 /// Times the run's learner on batches of `trajs` of two sizes (a full batch and half of
-/// one); fits `a + b·tokens` on all but the first step, whose excess over the fit is the
-/// one-time cost of a run's first step.
+/// one), the largest first; fits `a + b·tokens` on all but the first step, whose excess
+/// over the fit is the one-time cost of a run's first step.
 pub fn time_learner(
     plan: &Plan,
     model_cfg: &ModelConfig,
@@ -49,39 +49,49 @@ pub fn time_learner(
     let mut learner = PolicyLearner::new(model, plan.learner.clone())?;
     let group = plan.buffer.group_size.max(1);
     let full = plan.buffer.groups_per_batch.max(2);
+    let mut batches: Vec<(Batch<Trajectory>, usize)> =
+        [full, full / 2, full, full / 2, full, full / 2, full]
+            .into_iter()
+            .enumerate()
+            .map(|(rep, groups)| {
+                let mut batch = Batch {
+                    version: PolicyVersion(0),
+                    groups: Vec::new(),
+                };
+                let mut tokens = 0usize;
+                for g in 0..groups {
+                    let start = ((rep * 7 + g) * group) % trajs.len();
+                    let samples: Vec<(Trajectory, f64)> = (0..group)
+                        .map(|i| {
+                            let t = trajs[(start + i) % trajs.len()].clone();
+                            tokens += t.tokens.len();
+                            // Mixed rewards, so advantages are non-zero as in a real batch.
+                            (t, (i % 2) as f64)
+                        })
+                        .collect();
+                    batch.groups.push(BatchGroup {
+                        key: GroupKey(g as u64),
+                        start: PolicyVersion(0),
+                        samples,
+                    });
+                }
+                (batch, tokens)
+            })
+            .collect();
+    // The largest batch first: the fresh learner's first step then pays every one-time
+    // cost — first-touching the memory of the largest footprint — and the fitted steps
+    // none (a later, larger batch would pay for the memory it adds, and bias the fit).
+    if let Some(i) = (0..batches.len()).max_by_key(|&i| batches[i].1) {
+        let b = batches.remove(i);
+        batches.insert(0, b);
+    }
     let mut points = Vec::new();
     let mut first = (0.0, 0.0);
     let mut last = None;
-    for (rep, groups) in [full, full / 2, full, full / 2, full]
-        .into_iter()
-        .enumerate()
-    {
-        let mut batch = Batch {
-            version: PolicyVersion(0),
-            groups: Vec::new(),
-        };
-        let mut tokens = 0usize;
-        for g in 0..groups {
-            let start = ((rep * 7 + g) * group) % trajs.len();
-            let samples: Vec<(Trajectory, f64)> = (0..group)
-                .map(|i| {
-                    let t = trajs[(start + i) % trajs.len()].clone();
-                    tokens += t.tokens.len();
-                    // Mixed rewards, so advantages are non-zero as in a real batch.
-                    (t, (i % 2) as f64)
-                })
-                .collect();
-            batch.groups.push(BatchGroup {
-                key: GroupKey(g as u64),
-                start: PolicyVersion(0),
-                samples,
-            });
-        }
+    for (rep, (batch, tokens)) in batches.into_iter().enumerate() {
         let t0 = Instant::now();
         learner.train(&batch)?;
         let secs = t0.elapsed().as_secs_f64();
-        // The first step pays one-time costs (allocations, thread start): not fitted, but
-        // kept, since a run pays them too.
         if rep > 0 {
             points.push((tokens as f64, secs));
         } else {
