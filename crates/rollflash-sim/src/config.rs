@@ -166,6 +166,11 @@ pub struct TrainCost {
     pub token_s: f64,
     /// Data-parallel efficiency with more than one worker (communication, stragglers).
     pub parallel_efficiency: f64,
+    /// Extra seconds of a run's first step, paid once: the first pass allocates every
+    /// activation, gradient and optimizer buffer (page faults on fresh memory) and starts
+    /// the threads; later steps reuse them. On the CPU it is several steady steps' worth,
+    /// which a short run measures.
+    pub first_step_s: f64,
 }
 
 impl Default for TrainCost {
@@ -174,6 +179,7 @@ impl Default for TrainCost {
             step_s: 0.02,
             token_s: 4.0e-4,
             parallel_efficiency: 1.0,
+            first_step_s: 0.0,
         }
     }
 }
@@ -237,6 +243,39 @@ pub struct Workload {
     pub hang_fraction: f64,
     /// Bound on one environment step.
     pub step_timeout_s: f64,
+    /// Measured groups of episodes to replay instead of drawing prompts, responses,
+    /// observations, turn counts and rewards from the distributions above: group `k`
+    /// replays `measured_groups[k mod len]`, its member `m` that group's episode
+    /// `m mod size`. Replaying whole groups keeps what independent draws lose: how many turns
+    /// an episode of this task takes, how long its turns and observations are together, and
+    /// whether its members' rewards differ (what a zero-variance filter looks at).
+    /// `rollflash sim validate` rolls them out with the run's starting policy on the run's
+    /// own first tasks. Environment latency and failures are still drawn
+    /// (`reset_latency`, `step_latency`, `failure_rate`); `max_turns`, `max_new_tokens` and
+    /// `max_total_tokens` still bound them. Empty (the default): draw.
+    pub measured_groups: Vec<Vec<Episode>>,
+}
+
+/// One measured episode (see [`Workload::measured_groups`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Episode {
+    /// Tokens of the first prompt.
+    pub prompt_tokens: u64,
+    /// The model's turns, in order.
+    pub turns: Vec<EpisodeTurn>,
+    /// The episode's reward (summed over its steps).
+    pub reward: f64,
+}
+
+/// One model turn of a measured episode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EpisodeTurn {
+    /// Tokens the model generated.
+    pub response_tokens: u64,
+    /// Tokens of the observation appended after it (0 after the last turn).
+    pub observation_tokens: u64,
 }
 
 impl Default for Workload {
@@ -260,6 +299,7 @@ impl Default for Workload {
             failure_rate: 0.0,
             hang_fraction: 0.0,
             step_timeout_s: 30.0,
+            measured_groups: Vec::new(),
         }
     }
 }
@@ -370,6 +410,7 @@ impl SimConfig {
         let t = &self.training;
         non_negative("training.step_s", t.step_s)?;
         non_negative("training.token_s", t.token_s)?;
+        non_negative("training.first_step_s", t.first_step_s)?;
         if !(t.parallel_efficiency > 0.0 && t.parallel_efficiency <= 1.0) {
             return Err(invalid(
                 "training.parallel_efficiency",
@@ -395,6 +436,23 @@ impl SimConfig {
         probability("workload.failure_rate", w.failure_rate)?;
         probability("workload.hang_fraction", w.hang_fraction)?;
         non_negative("workload.step_timeout_s", w.step_timeout_s)?;
+        for (g, group) in w.measured_groups.iter().enumerate() {
+            let field = format!("workload.measured_groups[{g}]");
+            if group.is_empty() {
+                return Err(invalid(&field, "needs at least one episode"));
+            }
+            for (e, ep) in group.iter().enumerate() {
+                if ep.turns.is_empty() {
+                    return Err(invalid(&format!("{field}[{e}].turns"), "needs a turn"));
+                }
+                if !ep.reward.is_finite() {
+                    return Err(invalid(
+                        &format!("{field}[{e}].reward"),
+                        format!("must be finite, got {}", ep.reward),
+                    ));
+                }
+            }
+        }
         self.sched
             .effective_buffer()
             .validate()

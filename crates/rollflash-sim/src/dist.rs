@@ -174,10 +174,13 @@ pub enum LatencyDist {
         max: f64,
     },
     /// Log-normal with the given *mean* (not median) and σ of the log, the shape of
-    /// `rollflash-env`'s `Flaky` latency: a heavy tail of slow steps.
+    /// `rollflash-env`'s `Flaky` latency: a heavy tail of slow steps. `cap_secs` clips the
+    /// tail, as `Flaky`'s `cap_secs` does (which lowers the mean slightly).
     LogNormal {
         mean: f64,
         sigma: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cap_secs: Option<f64>,
     },
 }
 
@@ -196,9 +199,13 @@ impl LatencyDist {
             LatencyDist::Uniform { min, max } if !ok(min) || !ok(max) || min > max => Err(bad(
                 format!("need 0 <= min <= max (finite), got {min}..{max}"),
             )),
-            LatencyDist::LogNormal { mean, sigma } if !ok(mean) || !ok(sigma) => Err(bad(format!(
-                "mean and sigma must be finite and >= 0, got {mean}, {sigma}"
-            ))),
+            LatencyDist::LogNormal { mean, sigma, .. } if !ok(mean) || !ok(sigma) => Err(bad(
+                format!("mean and sigma must be finite and >= 0, got {mean}, {sigma}"),
+            )),
+            LatencyDist::LogNormal {
+                cap_secs: Some(cap),
+                ..
+            } if !ok(cap) => Err(bad(format!("cap_secs must be finite and >= 0, got {cap}"))),
             _ => Ok(()),
         }
     }
@@ -208,19 +215,24 @@ impl LatencyDist {
         match *self {
             LatencyDist::Fixed { secs } => secs,
             LatencyDist::Uniform { min, max } => min + (max - min) * rng.random::<f64>(),
-            LatencyDist::LogNormal { mean, sigma } => {
+            LatencyDist::LogNormal {
+                mean,
+                sigma,
+                cap_secs,
+            } => {
                 if mean <= 0.0 {
                     return 0.0;
                 }
                 // E[e^(μ+σZ)] = e^(μ+σ²/2), so μ = ln(mean) − σ²/2 keeps the mean.
                 let mu = mean.ln() - sigma * sigma / 2.0;
                 let z: f64 = StandardNormal.sample(rng);
-                (mu + sigma * z).exp()
+                let secs = (mu + sigma * z).exp();
+                cap_secs.map_or(secs, |c| secs.min(c))
             }
         }
     }
 
-    /// The mean in seconds.
+    /// The mean in seconds (for a capped log-normal, of the uncapped distribution).
     pub fn mean(&self) -> f64 {
         match *self {
             LatencyDist::Fixed { secs } => secs,

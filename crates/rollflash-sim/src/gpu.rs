@@ -70,6 +70,7 @@ pub fn h800_7b_training() -> TrainCost {
         step_s: 2.0,
         token_s: 154e-6,
         parallel_efficiency: 0.9,
+        first_step_s: 0.0,
     }
 }
 

@@ -15,8 +15,8 @@ pub mod table;
 mod worker;
 
 pub use config::{
-    Batching, ClusterConfig, Contention, InferenceCost, SchedConfig, SimConfig, SyncCost,
-    TrainCost, Workload,
+    Batching, ClusterConfig, Contention, Episode, EpisodeTurn, InferenceCost, SchedConfig,
+    SimConfig, SyncCost, TrainCost, Workload,
 };
 pub use dist::{LatencyDist, LengthDist};
 pub use error::SimError;

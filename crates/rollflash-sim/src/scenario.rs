@@ -52,6 +52,7 @@ pub fn rlvr_workload() -> Workload {
         failure_rate: 0.0,
         hang_fraction: 0.0,
         step_timeout_s: 30.0,
+        measured_groups: Vec::new(),
     }
 }
 
@@ -77,10 +78,12 @@ pub fn agentic_workload() -> Workload {
         step_latency: LatencyDist::LogNormal {
             mean: 1.5,
             sigma: 1.0,
+            cap_secs: None,
         },
         failure_rate: 0.0,
         hang_fraction: 1.0,
         step_timeout_s: 30.0,
+        measured_groups: Vec::new(),
     }
 }
 

@@ -204,6 +204,8 @@ struct Sim<'a> {
     train_epoch: u64,
     /// Whether any worker was stepping after the last event (for contention).
     gen_busy: bool,
+    /// A training step has started (the first one pays `TrainCost::first_step_s`).
+    trained_any: bool,
 }
 
 /// Runs one simulation. Deterministic: the same config gives the same report.
@@ -265,6 +267,7 @@ pub fn simulate(cfg: &SimConfig) -> Result<SimReport, SimError> {
         gen_spans: Vec::new(),
         train_epoch: 0,
         gen_busy: false,
+        trained_any: false,
     };
     sim.run()?;
     Ok(sim.report())
@@ -392,10 +395,16 @@ impl Sim<'_> {
             }
         }
         let samples = batch.len();
-        let dt = self
-            .cfg
-            .training
-            .step_time(seq_tokens, self.cfg.cluster.train_workers);
+        let first = if std::mem::replace(&mut self.trained_any, true) {
+            0.0
+        } else {
+            self.cfg.training.first_step_s
+        };
+        let dt = first
+            + self
+                .cfg
+                .training
+                .step_time(seq_tokens, self.cfg.cluster.train_workers);
         let rate = self.train_rate();
         self.train_epoch += 1;
         let epoch = self.train_epoch;
@@ -555,14 +564,24 @@ impl Sim<'_> {
         // A task's difficulty: each sample succeeds with this probability (only the
         // zero-variance filter looks at rewards).
         let p_success: f64 = grng.random();
+        // A measured group replayed instead (validated non-empty).
+        let replay = match w.measured_groups.len() {
+            0 => None,
+            n => w.measured_groups.get((key.0 % n as u64) as usize),
+        };
         let progress =
             GroupProgress::new(self.cfg.sched.buffer.group_size, self.cfg.sched.redundancy);
         let mut members = Vec::with_capacity(progress.members());
         for m in 0..progress.members() {
             let mut rng = ChaCha8Rng::seed_from_u64(mix(self.cfg.seed, key.0, m as u64));
+            let episode = replay.and_then(|g| g.get(m % g.len().max(1)));
             let reset_s = w.reset_latency.sample(&mut rng);
+            let max_turns = episode.map_or(w.max_turns, |e| {
+                w.max_turns
+                    .min(u32::try_from(e.turns.len()).unwrap_or(u32::MAX))
+            });
             let mut turns = Vec::new();
-            for t in 0..w.max_turns {
+            for t in 0..max_turns {
                 let env = w.step_latency.sample(&mut rng);
                 let failed: bool = rng.random::<f64>() < w.failure_rate;
                 let hang = failed && rng.random::<f64>() < w.hang_fraction;
@@ -574,21 +593,36 @@ impl Sim<'_> {
                 // A step slower than the timeout fails at the timeout, as in the real
                 // `EnvManager`.
                 let fails = failed || env > w.step_timeout_s;
+                let (response, observation) = match episode.and_then(|e| e.turns.get(t as usize)) {
+                    Some(turn) => (turn.response_tokens, turn.observation_tokens),
+                    None => (
+                        w.response_tokens.sample(&mut rng),
+                        w.observation_tokens.sample(&mut rng),
+                    ),
+                };
                 turns.push(TurnPlan {
-                    response: w.response_tokens.sample(&mut rng),
-                    observation: w.observation_tokens.sample(&mut rng),
+                    response,
+                    observation,
                     env_s,
                     fails,
                 });
-                if fails || (t + 1 < w.max_turns && rng.random::<f64>() < w.end_prob) {
+                // A replayed episode ends where the measured one did; draws keep their order
+                // (no end draw after a failure).
+                if fails
+                    || (episode.is_none()
+                        && t + 1 < w.max_turns
+                        && rng.random::<f64>() < w.end_prob)
+                {
                     break;
                 }
             }
-            let reward = if rng.random::<f64>() < p_success {
+            let drawn = if rng.random::<f64>() < p_success {
                 1.0
             } else {
                 0.0
             };
+            let reward = episode.map_or(drawn, |e| e.reward);
+            let context = episode.map_or(prompt, |e| e.prompt_tokens);
             let id = self.next_traj;
             self.next_traj += 1;
             self.trajs.insert(
@@ -599,7 +633,7 @@ impl Sim<'_> {
                     turns,
                     reward,
                     turn: 0,
-                    context: prompt,
+                    context,
                     response: 0,
                     alive: true,
                 },

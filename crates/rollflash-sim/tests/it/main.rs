@@ -7,7 +7,10 @@
 
 use rollflash_core::PauseMode;
 use rollflash_sim::scenario::{self, Scale};
-use rollflash_sim::{simulate, Batching, LatencyDist, LengthDist, SimConfig, SimError, SimReport};
+use rollflash_sim::{
+    simulate, Batching, Episode, EpisodeTurn, LatencyDist, LengthDist, SimConfig, SimError,
+    SimReport,
+};
 
 /// A small config with a long tail: 4 workers, 4 groups of 4 per step.
 fn small(alpha: f64, sync: bool) -> SimConfig {
@@ -40,6 +43,7 @@ fn agentic_small(failure_rate: f64, redundancy: usize) -> SimConfig {
     c.workload.step_latency = LatencyDist::LogNormal {
         mean: 0.05,
         sigma: 1.0,
+        cap_secs: None,
     };
     c.workload.failure_rate = failure_rate;
     c.workload.hang_fraction = 0.5;
@@ -82,7 +86,35 @@ fn variety() -> Vec<(String, SimConfig)> {
     let mut sticky = agentic_small(0.02, 1);
     sticky.cluster.routing = rollflash_core::proxy::Routing::Sticky;
     v.push(("sticky".into(), sticky));
+    v.push(("replay".into(), replayed()));
     v
+}
+
+/// An episode of `turns` turns of `response` tokens, 5 observation tokens between them.
+fn episode(turns: u64, response: u64, reward: f64) -> Episode {
+    Episode {
+        prompt_tokens: 12,
+        turns: (0..turns)
+            .map(|t| EpisodeTurn {
+                response_tokens: response,
+                observation_tokens: if t + 1 < turns { 5 } else { 0 },
+            })
+            .collect(),
+        reward,
+    }
+}
+
+/// The agentic config replaying two measured groups: one whose rewards differ, one whose
+/// rewards are all 0 (what a zero-variance filter drops).
+fn replayed() -> SimConfig {
+    let mut c = agentic_small(0.0, 0);
+    c.workload.measured_groups = vec![
+        (0..4).map(|m| episode(3, 2, (m % 2) as f64)).collect(),
+        (0..4).map(|_| episode(2, 2, 0.0)).collect(),
+    ];
+    c.sched.buffer.filter = rollflash_core::buffer::GroupFilter::ZeroVariance;
+    c.sched.buffer.extra_groups = 2;
+    c
 }
 
 fn run(c: &SimConfig) -> SimReport {
@@ -300,6 +332,48 @@ fn invalid_settings_name_their_field() {
 }
 
 #[test]
+fn measured_groups_are_replayed_whole() {
+    let r = run(&replayed());
+    // Only the first group's episodes have reward variance, so only they are trained:
+    // 3 turns of 2 tokens each, on a 12-token prompt with two 5-token observations.
+    assert!(r.trained_samples > 0);
+    assert_eq!(r.trained_response_tokens, 6 * r.trained_samples);
+    for s in &r.steps {
+        assert_eq!(s.seq_tokens, (12 + 6 + 10) * s.samples as u64);
+    }
+    // The second group's never are: the filter drops every one of them.
+    let a = r.steps.last().map(|s| s.accounting).unwrap();
+    assert!(a.filtered > 0);
+    assert_eq!(a.filtered % 4, 0);
+    // An empty group is refused, naming it.
+    let mut c = replayed();
+    c.workload.measured_groups.push(Vec::new());
+    let e = simulate(&c).unwrap_err().to_string();
+    assert!(e.contains("workload.measured_groups[2]"), "{e}");
+}
+
+#[test]
+fn capped_latency_never_exceeds_its_cap() {
+    use rand::SeedableRng;
+    let d = LatencyDist::LogNormal {
+        mean: 1.0,
+        sigma: 2.0,
+        cap_secs: Some(1.5),
+    };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let xs: Vec<f64> = (0..2000).map(|_| d.sample(&mut rng)).collect();
+    assert!(xs.iter().all(|&x| (0.0..=1.5).contains(&x)));
+    assert!(xs.contains(&1.5));
+    let json = serde_json::to_string(&d).unwrap();
+    assert!(json.contains("cap_secs"), "{json}");
+    let uncapped: LatencyDist =
+        serde_json::from_str(r#"{"kind": "log_normal", "mean": 1.0, "sigma": 1.0}"#).unwrap();
+    assert!(!serde_json::to_string(&uncapped)
+        .unwrap()
+        .contains("cap_secs"));
+}
+
+#[test]
 fn config_round_trips_through_serde_with_defaults() {
     let c: SimConfig =
         serde_json::from_str(r#"{"steps": 3, "cluster": {"inference_workers": 2}}"#).unwrap();
@@ -329,6 +403,18 @@ fn quick_scenarios_produce_full_tables() {
     let speedup = |row: usize| alpha.rows[row][3].value().unwrap();
     assert_eq!(speedup(0), 1.0);
     assert!(speedup(3) > 1.0, "α=2 speed-up {}", speedup(3));
+}
+
+#[test]
+fn only_the_first_step_pays_the_one_time_cost() {
+    let base = small(0.0, true);
+    let mut warm = base.clone();
+    warm.training.first_step_s = 0.5;
+    let (a, b) = (run(&base), run(&warm));
+    assert!((b.steps[0].train_s - a.steps[0].train_s - 0.5).abs() < 1e-6);
+    for (x, y) in a.steps.iter().zip(&b.steps).skip(1) {
+        assert!((x.train_s - y.train_s).abs() < 1e-6);
+    }
 }
 
 #[test]
