@@ -1,9 +1,10 @@
 //! `rollflash_bench::calibrate`: the least-squares fits on known data, what an episode
-//! looks like to the simulator, and a multi-turn `SimConfig` built from given episodes.
+//! looks like to the simulator, a multi-turn `SimConfig` built from given episodes, and
+//! reading a run's metrics.
 
 use rollflash_bench::calibrate::{
-    episode_shape, fit_inference, fit_training, latency_dist, least_squares, sim_config, slowdown,
-    turn_requests, Costs, Plan, StepSample, TaskKind, Tasks,
+    episode_shape, fit_inference, fit_training, latency_dist, least_squares, read_metrics,
+    sim_config, slowdown, turn_requests, CalibrateError, Costs, Plan, StepSample, TaskKind, Tasks,
 };
 use rollflash_core::{PolicyVersion, SamplingParams, Trajectory};
 use rollflash_run::config::TrainConfig;
@@ -337,4 +338,51 @@ fn a_single_turn_sim_config_draws_the_measured_lengths() {
     assert_eq!(c.workload.step_latency, LatencyDist::Fixed { secs: 0.0 });
     let r = simulate(&c).unwrap();
     assert_eq!(r.steps.len(), 3);
+}
+
+#[test]
+fn metrics_are_summed_with_the_first_step_apart() {
+    let dir = std::env::temp_dir().join(format!("rollflash-bench-metrics-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("metrics.jsonl");
+    let line = |step: u32, wall: f64, filtered: u32| {
+        format!(
+            r#"{{"step": {step}, "samples": 32, "tokens": 900, "wall_s": {wall}, "train_s": 3.0, "weight_sync_ms": 2.0, "started": {}, "filtered": {filtered}}}"#,
+            64 * (step + 1)
+        )
+    };
+    std::fs::write(
+        &path,
+        [
+            line(0, 20.0, 8),
+            line(1, 6.0, 16),
+            String::new(),
+            line(2, 7.0, 24),
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let m = read_metrics(&path).unwrap();
+    assert_eq!(m.steps, 3);
+    assert_eq!(
+        (m.samples, m.tokens, m.wall, m.train),
+        (96.0, 2700.0, 33.0, 9.0)
+    );
+    assert!(close(m.sync, 0.006));
+    assert_eq!((m.first_samples, m.first_wall), (32.0, 20.0));
+    // The accounting is cumulative: the last step's.
+    assert_eq!((m.started, m.filtered), (192.0, 24.0));
+    // A line without a step's numbers names the key and the line.
+    std::fs::write(&path, r#"{"step": 0, "samples": 32, "wall_s": 1.0}"#).unwrap();
+    let e = read_metrics(&path).unwrap_err();
+    assert!(
+        matches!(e, CalibrateError::MetricsField { line: 1, ref key, .. } if key == "tokens"),
+        "{e}"
+    );
+    std::fs::write(&path, "").unwrap();
+    assert!(matches!(
+        read_metrics(&path),
+        Err(CalibrateError::NoSteps(_))
+    ));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
