@@ -36,6 +36,7 @@
 //! the server too). Every request and message has the configured deadline; a failed message
 //! drops the session, so the next `reset` starts a fresh one.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -43,6 +44,7 @@ use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::net::TcpStream;
+use tokio::sync::OnceCell;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
@@ -197,28 +199,63 @@ pub struct OpenEnvInfo {
     pub observation_properties: Vec<String>,
 }
 
-/// One run's view of an OpenEnv server, checked at start (health, schema), with the resolved
-/// text mapping, shared by the [`OpenEnv`]s it makes.
+/// One run's client of an OpenEnv server, shared by the [`OpenEnv`]s it makes: the HTTP
+/// client (one connection pool) and the text mapping, resolved once per run from the
+/// server's schema (by [`OpenEnvClient::check`] at start, or by the first `step`).
 #[derive(Debug, Clone)]
 pub struct OpenEnvClient {
     cfg: OpenEnvConfig,
+    http: reqwest::Client,
     base: String,
     ws_url: String,
-    action_field: String,
-    info: OpenEnvInfo,
+    resolved: Arc<OnceCell<OpenEnvInfo>>,
 }
 
 impl OpenEnvClient {
-    /// Checks the server (`/health`, then `/schema`) and resolves the action field. Each
-    /// request has the configured deadline; a server that is down is named in the error.
-    pub async fn connect(cfg: OpenEnvConfig) -> Result<Self, EnvError> {
+    /// A client for `cfg` (validated); nothing is sent yet.
+    pub fn new(cfg: OpenEnvConfig) -> Result<Self, EnvError> {
         cfg.validate()?;
         let (base, ws_url) = cfg.urls()?;
         let http = reqwest::Client::builder()
             .connect_timeout(cfg.timeout().min(Duration::from_secs(10)))
             .build()
             .map_err(|e| remote(&base, RemoteFailure::Client(e)))?;
-        let health: Value = get_json(&http, &cfg, &format!("{base}/health")).await?;
+        Ok(OpenEnvClient {
+            cfg,
+            http,
+            base,
+            ws_url,
+            resolved: Arc::new(OnceCell::new()),
+        })
+    }
+
+    /// [`OpenEnvClient::new`] and [`OpenEnvClient::check`].
+    pub async fn connect(cfg: OpenEnvConfig) -> Result<Self, EnvError> {
+        let c = OpenEnvClient::new(cfg)?;
+        c.check().await?;
+        Ok(c)
+    }
+
+    /// Checks the server: `GET /health` says healthy, `GET /schema` gives an action the
+    /// model's text fits (the action field resolved, see the module docs), and a session on
+    /// `/ws` opens (and is closed again). Each step has the configured deadline; a server
+    /// that is down is named in the error.
+    pub async fn check(&self) -> Result<OpenEnvInfo, EnvError> {
+        let info = self.resolve().await?.clone();
+        let mut probe = self.env();
+        probe.open().await?;
+        probe.close().await?;
+        Ok(info)
+    }
+
+    /// The resolved mapping, fetching it once per run.
+    async fn resolve(&self) -> Result<&OpenEnvInfo, EnvError> {
+        self.resolved.get_or_try_init(|| self.fetch_info()).await
+    }
+
+    async fn fetch_info(&self) -> Result<OpenEnvInfo, EnvError> {
+        let base = &self.base;
+        let health: Value = get_json(&self.http, &self.cfg, &format!("{base}/health")).await?;
         let status = health
             .get("status")
             .and_then(Value::as_str)
@@ -230,32 +267,20 @@ impl OpenEnvClient {
             )));
         }
         let schema_url = format!("{base}/schema");
-        let schema: Value = get_json(&http, &cfg, &schema_url).await?;
+        let schema: Value = get_json(&self.http, &self.cfg, &schema_url).await?;
         let action = schema.get("action").cloned().unwrap_or(Value::Null);
-        let action_field = resolve_action_field(&cfg, &action)
+        let action_field = resolve_action_field(&self.cfg, &action)
             .map_err(|reason| config_err("action_field", format!("{schema_url}: {reason}")))?;
         let observation_properties = properties(schema.get("observation"))
             .into_iter()
             .filter(|p| !matches!(p.as_str(), "done" | "reward" | "metadata"))
             .collect();
-        let info = OpenEnvInfo {
+        Ok(OpenEnvInfo {
             status,
-            action_field: action_field.clone(),
+            action_field,
             action_properties: properties(Some(&action)),
             observation_properties,
-        };
-        Ok(OpenEnvClient {
-            cfg,
-            base,
-            ws_url,
-            action_field,
-            info,
         })
-    }
-
-    /// What the start-up check found.
-    pub fn info(&self) -> &OpenEnvInfo {
-        &self.info
     }
 
     /// The configuration.
@@ -604,11 +629,9 @@ impl Env for OpenEnv {
                 }))
             }
         }
+        let field = self.client.resolve().await?.action_field.clone();
         let mut data = self.client.cfg.action_extra.clone();
-        data.insert(
-            self.client.action_field.clone(),
-            Value::String(action.to_string()),
-        );
+        data.insert(field, Value::String(action.to_string()));
         let reply = self
             .call(serde_json::json!({"type": "step", "data": data}), "step")
             .await?;
