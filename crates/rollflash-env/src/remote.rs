@@ -466,7 +466,7 @@ pub async fn serve(
 }
 
 /// Where and how a [`RemoteEnv`] reaches its server.
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 pub struct RemoteEnvConfig {
     /// Server base URL, e.g. `http://127.0.0.1:8123`.
     pub url: String,
