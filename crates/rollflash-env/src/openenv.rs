@@ -449,7 +449,9 @@ impl OpenEnv {
                 env: format!("openenv {}", self.client.base),
             }));
         }
-        let reply = self.call(serde_json::json!({"type": "state"}), "state").await?;
+        let reply = self
+            .call(serde_json::json!({"type": "state"}), "state")
+            .await?;
         match reply {
             Value::Object(m) => Ok(m),
             other => Err(EnvError::Garbage(format!(
@@ -493,9 +495,10 @@ impl OpenEnv {
     async fn exchange(&mut self, msg: Value, what: &str) -> Result<Value, EnvError> {
         let url = self.client.ws_url.clone();
         let deadline = self.client.cfg.timeout();
-        let ws = self.ws.as_mut().ok_or_else(|| {
-            remote(&url, RemoteFailure::Closed(Some("not connected".into())))
-        })?;
+        let ws = self
+            .ws
+            .as_mut()
+            .ok_or_else(|| remote(&url, RemoteFailure::Closed(Some("not connected".into()))))?;
         let exchange = async {
             ws.send(Message::text(msg.to_string()))
                 .await
@@ -503,7 +506,9 @@ impl OpenEnv {
             loop {
                 let frame = match ws.next().await {
                     None => return Err(remote(&url, RemoteFailure::Closed(None))),
-                    Some(f) => f.map_err(|e| remote(&url, RemoteFailure::WebSocket(Box::new(e))))?,
+                    Some(f) => {
+                        f.map_err(|e| remote(&url, RemoteFailure::WebSocket(Box::new(e))))?
+                    }
                 };
                 match frame {
                     Message::Text(t) => return Ok(t.to_string()),
@@ -530,13 +535,20 @@ impl OpenEnv {
             url: url.clone(),
             source,
         })?;
-        let kind = reply.get("type").and_then(Value::as_str).unwrap_or_default();
+        let kind = reply
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let data = reply.get("data").cloned().unwrap_or(Value::Null);
         match kind {
             "error" => {
                 let field = |k: &str| {
                     data.get(k)
-                        .map(|v| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))
+                        .map(|v| {
+                            v.as_str()
+                                .map(str::to_string)
+                                .unwrap_or_else(|| v.to_string())
+                        })
                         .unwrap_or_default()
                 };
                 let mut message = field("message");
@@ -612,7 +624,11 @@ impl Env for OpenEnv {
             .call(serde_json::json!({"type": "reset", "data": data}), "reset")
             .await?;
         let (observation, _, done, info) = self.observation(reply, "reset")?;
-        self.state = if done { Episode::Done } else { Episode::Running };
+        self.state = if done {
+            Episode::Done
+        } else {
+            Episode::Running
+        };
         Ok(Reset { observation, info })
     }
 
@@ -621,7 +637,9 @@ impl Env for OpenEnv {
         match (self.ws.is_some(), self.state) {
             (true, Episode::Running) => {}
             (_, Episode::Done) => {
-                return Err(EnvError::OutOfOrder(OutOfOrder::StepAfterEnd { env: env() }))
+                return Err(EnvError::OutOfOrder(OutOfOrder::StepAfterEnd {
+                    env: env(),
+                }))
             }
             _ => {
                 return Err(EnvError::OutOfOrder(OutOfOrder::StepBeforeReset {

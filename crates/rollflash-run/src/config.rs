@@ -857,9 +857,10 @@ fn check_key(
             &format!("{section}.api_key_env"),
             "set api_key or api_key_env, not both",
         )),
-        (_, Some(v)) if v.is_empty() => {
-            Err(field(&format!("{section}.api_key_env"), "must not be empty"))
-        }
+        (_, Some(v)) if v.is_empty() => Err(field(
+            &format!("{section}.api_key_env"),
+            "must not be empty",
+        )),
         _ => Ok(()),
     }
 }
@@ -935,7 +936,10 @@ impl<'de> Deserialize<'de> for EnvSection {
                 others.join("`, `")
             )));
         }
-        let inner = table.get(key).cloned().unwrap_or(toml::Value::Table(Default::default()));
+        let inner = table
+            .get(key)
+            .cloned()
+            .unwrap_or(toml::Value::Table(Default::default()));
         // Nested paths in the message: serde_path_to_error stops at `env` here.
         fn sub<T: serde::de::DeserializeOwned>(key: &str, v: toml::Value) -> Result<T, String> {
             serde_path_to_error::deserialize(v).map_err(|e| {

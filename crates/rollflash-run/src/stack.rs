@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use rollflash_core::PolicyVersion;
 use rollflash_env::envs::{make_env, EnvConfig, EnvSpec};
+use rollflash_env::math_task::MathTask;
 use rollflash_env::openenv::OpenEnvClient;
 use rollflash_env::remote::{RemoteEnvClient, RemoteEnvConfig};
-use rollflash_env::math_task::MathTask;
 use rollflash_env::Env;
 use rollflash_model::chat::ChatTemplate;
 use rollflash_model::config::ModelConfig;

@@ -21,7 +21,10 @@ struct Server {
 
 /// Starts the guessing game with `max_sessions` sessions, or says why it cannot.
 async fn start(max_sessions: usize) -> Result<Server, String> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/start_openenv.sh");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/start_openenv.sh"
+    );
     let mut child = Command::new("bash")
         .arg(script)
         .args(["--port", "0", "--max-sessions", &max_sessions.to_string()])
@@ -121,7 +124,10 @@ async fn openenv_server_episodes_sessions_and_failures() {
     assert!(wins >= 14, "bisection wins most games: {wins}/20");
     // After the end, a step is out of order until the next reset.
     let err = env.step("1").await.expect_err("after the end");
-    assert!(matches!(err, EnvError::OutOfOrder(OutOfOrder::StepAfterEnd { .. })), "{err}");
+    assert!(
+        matches!(err, EnvError::OutOfOrder(OutOfOrder::StepAfterEnd { .. })),
+        "{err}"
+    );
     env.close().await.expect("close");
     assert!(!env.connected());
 
@@ -129,7 +135,9 @@ async fn openenv_server_episodes_sessions_and_failures() {
     for round in 0..3 {
         let mut envs: Vec<_> = (0..4).map(|_| client.env()).collect();
         for (i, e) in envs.iter_mut().enumerate() {
-            e.reset(i as u64).await.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            e.reset(i as u64)
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
         }
         // A fifth is refused while the four are open: the server's session limit.
         if round == 0 {
@@ -194,7 +202,10 @@ async fn openenv_server_episodes_sessions_and_failures() {
     let t0 = std::time::Instant::now();
     let err = e.step("4").await.expect_err("server gone");
     assert!(matches!(err, EnvError::Remote { .. }), "{err}");
-    assert!(t0.elapsed() < Duration::from_secs(11), "within the deadline");
+    assert!(
+        t0.elapsed() < Duration::from_secs(11),
+        "within the deadline"
+    );
     // And a check names the server that is down.
     let err = OpenEnvClient::new(cfg(&url))
         .expect("client")
@@ -229,7 +240,9 @@ fn openenv_config_is_validated_by_field() {
         ..OpenEnvConfig::new("http://127.0.0.1:1")
     };
     assert_eq!(field_of(c), "action_extra");
-    OpenEnvConfig::new("ws://127.0.0.1:1/").validate().expect("ws:// is fine");
+    OpenEnvConfig::new("ws://127.0.0.1:1/")
+        .validate()
+        .expect("ws:// is fine");
 }
 
 #[tokio::test]
@@ -248,7 +261,13 @@ async fn openenv_server_down_is_named_quickly() {
     let mut e = client.env();
     let err = e.reset(0).await.expect_err("down");
     assert!(
-        matches!(&err, EnvError::Remote { source: RemoteFailure::WebSocket(_), .. }),
+        matches!(
+            &err,
+            EnvError::Remote {
+                source: RemoteFailure::WebSocket(_),
+                ..
+            }
+        ),
         "{err}"
     );
 }

@@ -434,7 +434,11 @@ async fn remote_client_checks_the_server_and_releases_dropped_envs() {
     let mut cfg = RemoteEnvConfig::new(&server.url, math.clone());
     cfg.api_key = Some("k".into());
     let client = RemoteEnvClient::new(cfg.clone()).expect("client");
-    assert_eq!(client.check().await.expect("check").envs, 0, "the probe is deleted");
+    assert_eq!(
+        client.check().await.expect("check").envs,
+        0,
+        "the probe is deleted"
+    );
     // A wrong key is found by the check (health alone needs none).
     let mut wrong = cfg.clone();
     wrong.api_key = Some("nope".into());

@@ -187,14 +187,22 @@ fn remote_and_openenv_environments_load_validate_and_round_trip() {
     // The plan needs the key's variable: unset, it is named.
     let unset = format!("{}_UNSET_FOR_TEST", "ROLLFLASH");
     let c = TrainConfig::load(Some(&path), &[format!("env.remote.api_key_env={unset:?}")]).unwrap();
-    let e = rollflash_run::plan::RunPlan::new(c).unwrap_err().to_string();
-    assert!(e.contains("env.remote.api_key_env") && e.contains(&unset), "{e}");
+    let e = rollflash_run::plan::RunPlan::new(c)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("env.remote.api_key_env") && e.contains(&unset),
+        "{e}"
+    );
 
     // `--set` switches a built-in env to a server whole, and back.
     let sets = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let c = TrainConfig::load(
         None,
-        &sets(&["env.openenv.url=\"http://127.0.0.1:8100\"", "env.openenv.action_field=guess"]),
+        &sets(&[
+            "env.openenv.url=\"http://127.0.0.1:8100\"",
+            "env.openenv.action_field=guess",
+        ]),
     )
     .unwrap();
     let EnvSection::OpenEnv(o) = &c.env else {
@@ -204,7 +212,9 @@ fn remote_and_openenv_environments_load_validate_and_round_trip() {
     assert_eq!(c.env.name(), "openenv");
     let plan = rollflash_run::plan::RunPlan::new(c.clone()).unwrap();
     assert!(
-        plan.describe().iter().any(|l| l.contains("on OpenEnv http://127.0.0.1:8100")),
+        plan.describe()
+            .iter()
+            .any(|l| l.contains("on OpenEnv http://127.0.0.1:8100")),
         "{:?}",
         plan.describe()
     );
@@ -213,7 +223,10 @@ fn remote_and_openenv_environments_load_validate_and_round_trip() {
 
     // Errors name the field.
     for (set, field) in [
-        (vec!["env.remote.url=\"ftp://x\"", "env.remote.spec.name=math"], "env.remote.url"),
+        (
+            vec!["env.remote.url=\"ftp://x\"", "env.remote.spec.name=math"],
+            "env.remote.url",
+        ),
         (
             vec![
                 "env.remote.url=\"http://h:1\"",
@@ -224,24 +237,45 @@ fn remote_and_openenv_environments_load_validate_and_round_trip() {
             "env.remote.api_key_env",
         ),
         (
-            vec!["env.remote.url=\"http://h:1\"", "env.remote.spec.name=math", "env.remote.timeout_secs=0"],
+            vec![
+                "env.remote.url=\"http://h:1\"",
+                "env.remote.spec.name=math",
+                "env.remote.timeout_secs=0",
+            ],
             "env.remote.timeout_secs",
         ),
         (
-            vec!["env.remote.url=\"http://h:1\"", "env.remote.spec.name=math", "env.remote.spec.max_terms=0"],
+            vec![
+                "env.remote.url=\"http://h:1\"",
+                "env.remote.spec.name=math",
+                "env.remote.spec.max_terms=0",
+            ],
             "env.remote.spec.math.",
         ),
         (vec!["env.openenv.url=\"https://h\""], "env.openenv.url"),
-        (vec!["env.openenv.url=\"http://h:1\"", "env.openenv.timeout_secs=-1"], "env.openenv.timeout_secs"),
+        (
+            vec![
+                "env.openenv.url=\"http://h:1\"",
+                "env.openenv.timeout_secs=-1",
+            ],
+            "env.openenv.timeout_secs",
+        ),
         (vec!["env.remote.url=\"http://h:1\""], "remote"),
-        (vec!["env.openenv.url=\"http://h:1\"", "env.openenv.colour=1"], "openenv"),
+        (
+            vec!["env.openenv.url=\"http://h:1\"", "env.openenv.colour=1"],
+            "openenv",
+        ),
     ] {
-        let e = TrainConfig::load(None, &sets(&set)).unwrap_err().to_string();
+        let e = TrainConfig::load(None, &sets(&set))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(field), "{set:?}: {e}");
     }
     // A source key next to a built-in's fields is refused, saying where they belong.
     let e = TrainConfig::load(
-        Some(&write_tmp("[env]\nname = \"math\"\n[env.remote]\nurl = \"http://h:1\"\n")),
+        Some(&write_tmp(
+            "[env]\nname = \"math\"\n[env.remote]\nurl = \"http://h:1\"\n",
+        )),
         &[],
     )
     .unwrap_err()

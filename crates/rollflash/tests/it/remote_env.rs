@@ -37,7 +37,10 @@ async fn serve(port: u16) -> Server {
         .expect("started in time")
         .expect("read")
         .expect("an address line");
-    let url = first.strip_prefix("listening on ").expect("address").to_string();
+    let url = first
+        .strip_prefix("listening on ")
+        .expect("address")
+        .to_string();
     Server { child, url }
 }
 
@@ -80,10 +83,16 @@ async fn train_on_a_remote_env_serve_balances_and_releases_its_envs() {
     assert_eq!(cfg.env.name(), "frozen_lake");
     let plan = rollflash_run::plan::RunPlan::new(cfg.clone()).expect("plan");
     let described = plan.describe().join("\n");
-    assert!(described.contains(&format!("on env-serve {}", server.url)), "{described}");
+    assert!(
+        described.contains(&format!("on env-serve {}", server.url)),
+        "{described}"
+    );
     // The printed config hides the key.
     let printed = cfg.to_toml().expect("toml");
-    assert!(!printed.contains(KEY) && printed.contains("[env.remote.spec]"), "{printed}");
+    assert!(
+        !printed.contains(KEY) && printed.contains("[env.remote.spec]"),
+        "{printed}"
+    );
 
     let s = pipeline::run(cfg).await.expect("run");
     let a = s.report.accounting;
@@ -145,7 +154,11 @@ async fn a_killed_env_server_costs_its_trajectories_and_a_down_one_is_named() {
     // between fail and are counted; the run finishes on the restarted server.
     let mut server = serve(0).await;
     let url = server.url.clone();
-    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let port: u16 = url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
     let dir = tempfile::tempdir().expect("tmp");
     let cfg = TrainConfig::load(None, &sets(dir.path(), &url, 4, &[])).expect("config");
     let metrics = dir.path().join("metrics.jsonl");
