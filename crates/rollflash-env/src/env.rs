@@ -134,6 +134,20 @@ pub enum RemoteFailure {
         kind: Option<String>,
         message: String,
     },
+    /// A WebSocket session failed: the handshake was refused, the connection was lost, or a
+    /// frame could not be sent or read. Boxed: tungstenite's error is large.
+    #[error("websocket: {}", error_chain(.0))]
+    WebSocket(#[source] Box<tokio_tungstenite::tungstenite::Error>),
+    /// The server answered a session message with its error message (OpenEnv's
+    /// `{"type": "error", "data": {"code", "message"}}`).
+    #[error("{code}: {message}")]
+    Session { code: String, message: String },
+    /// No reply within the deadline (a WebSocket message; HTTP timeouts are `Transport`).
+    #[error("no reply within {:.1}s", .0.as_secs_f64())]
+    Timeout(std::time::Duration),
+    /// The server closed the session; the reason it gave, if any.
+    #[error("the server closed the session{}", .0.as_ref().map(|r| format!(": {r}")).unwrap_or_default())]
+    Closed(Option<String>),
 }
 
 /// An error and its sources, joined: reqwest's top-level message alone ("error sending
@@ -158,6 +172,13 @@ pub trait Env: Send {
     async fn reset(&mut self, seed: u64) -> Result<Reset, EnvError>;
     /// Applies one action and returns what followed.
     async fn step(&mut self, action: &str) -> Result<Step, EnvError>;
+    /// Releases what the environment holds outside this process (a server-side
+    /// environment, a session) once its trajectory is over, finished, failed or aborted.
+    /// The environment stays usable: a later `reset` acquires anew. Default: nothing to
+    /// release. Wrappers forward it.
+    async fn close(&mut self) -> Result<(), EnvError> {
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -167,6 +188,9 @@ impl<E: Env + ?Sized> Env for Box<E> {
     }
     async fn step(&mut self, action: &str) -> Result<Step, EnvError> {
         (**self).step(action).await
+    }
+    async fn close(&mut self) -> Result<(), EnvError> {
+        (**self).close().await
     }
 }
 

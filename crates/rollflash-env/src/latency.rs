@@ -296,4 +296,9 @@ impl<E: Env> Env for Flaky<E> {
         }
         Ok(s)
     }
+
+    async fn close(&mut self) -> Result<(), EnvError> {
+        // No injected latency or failure: releasing is not the environment's work.
+        self.inner.close().await
+    }
 }

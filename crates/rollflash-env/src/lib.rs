@@ -8,6 +8,7 @@ pub mod env;
 pub mod envs;
 pub mod latency;
 pub mod math_task;
+pub mod openenv;
 pub mod remote;
 pub mod verify;
 

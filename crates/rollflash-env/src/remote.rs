@@ -466,7 +466,7 @@ pub async fn serve(
 }
 
 /// Where and how a [`RemoteEnv`] reaches its server.
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 pub struct RemoteEnvConfig {
     /// Server base URL, e.g. `http://127.0.0.1:8123`.
     pub url: String,
@@ -511,8 +511,10 @@ impl std::fmt::Debug for RemoteEnvConfig {
 /// a [`RemoteFailure`]: the `reqwest` error of a connection failure or timeout, or the status
 /// and message of an error reply.
 ///
-/// `Drop` cannot await, so dropping a `RemoteEnv` leaves its server-side environment alive
-/// until the server's idle timeout or shutdown; call [`RemoteEnv::close`] to free it at once.
+/// [`Env::close`] deletes the server-side environment. `Drop` cannot await: dropping a
+/// `RemoteEnv` that still has one (its task was cancelled) sends the `DELETE` from a spawned
+/// task when a tokio runtime is running, best effort and within the request timeout; else the
+/// environment lives until the server's idle timeout or shutdown.
 #[derive(Debug)]
 pub struct RemoteEnv {
     client: reqwest::Client,
@@ -522,12 +524,9 @@ pub struct RemoteEnv {
 }
 
 impl RemoteEnv {
-    /// A remote environment with its own HTTP client.
+    /// A remote environment with its own HTTP client (one per run: [`RemoteEnvClient`]).
     pub fn new(cfg: RemoteEnvConfig) -> Result<Self, EnvError> {
-        let client = reqwest::Client::builder()
-            .build()
-            .map_err(|e| remote(&cfg.url, RemoteFailure::Client(e)))?;
-        Ok(RemoteEnv::with_client(client, cfg))
+        Ok(RemoteEnvClient::new(cfg)?.env())
     }
 
     /// A remote environment sharing `client` (and its connection pool) with others.
@@ -544,25 +543,6 @@ impl RemoteEnv {
     /// The server-side id, once created.
     pub fn env_id(&self) -> Option<&str> {
         self.env_id.as_deref()
-    }
-
-    /// Deletes the server-side environment (if any). The `RemoteEnv` stays usable: the next
-    /// `reset` creates a new one.
-    pub async fn close(&mut self) -> Result<(), EnvError> {
-        let Some(id) = self.env_id.take() else {
-            return Ok(());
-        };
-        let url = format!("{}/envs/{id}", self.base);
-        let resp = self
-            .authed(self.client.delete(&url))
-            .send()
-            .await
-            .map_err(|e| remote(&url, RemoteFailure::Transport(e)))?;
-        if resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND.as_u16() {
-            Ok(())
-        } else {
-            Err(error_reply(&url, resp).await)
-        }
     }
 
     fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -669,6 +649,48 @@ async fn error_reply(url: &str, resp: reqwest::Response) -> EnvError {
     }
 }
 
+/// `DELETE /envs/{id}`: done (or already gone, `404`), or why not.
+async fn delete_env(
+    client: &reqwest::Client,
+    base: &str,
+    id: &str,
+    api_key: Option<&str>,
+    timeout: Duration,
+) -> Result<(), EnvError> {
+    let url = format!("{base}/envs/{id}");
+    let mut req = client.delete(&url).timeout(timeout);
+    if let Some(k) = api_key {
+        req = req.bearer_auth(k);
+    }
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| remote(&url, RemoteFailure::Transport(e)))?;
+    if resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND.as_u16() {
+        Ok(())
+    } else {
+        Err(error_reply(&url, resp).await)
+    }
+}
+
+impl Drop for RemoteEnv {
+    fn drop(&mut self) {
+        let Some(id) = self.env_id.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, base) = (self.client.clone(), self.base.clone());
+        let (key, timeout) = (self.cfg.api_key.clone(), self.cfg.timeout);
+        rt.spawn(async move {
+            if let Err(e) = delete_env(&client, &base, &id, key.as_deref(), timeout).await {
+                tracing::debug!(error = %e, "could not delete a dropped remote environment");
+            }
+        });
+    }
+}
+
 #[async_trait]
 impl Env for RemoteEnv {
     async fn reset(&mut self, seed: u64) -> Result<Reset, EnvError> {
@@ -723,5 +745,83 @@ impl Env for RemoteEnv {
             truncated: s.truncated,
             info: s.info,
         })
+    }
+
+    /// Deletes the server-side environment (if any). The `RemoteEnv` stays usable: the next
+    /// `reset` creates a new one.
+    async fn close(&mut self) -> Result<(), EnvError> {
+        let Some(id) = self.env_id.take() else {
+            return Ok(());
+        };
+        delete_env(
+            &self.client,
+            &self.base,
+            &id,
+            self.cfg.api_key.as_deref(),
+            self.cfg.timeout,
+        )
+        .await
+    }
+}
+
+/// The client side of one run's remote environments: one HTTP client (one connection pool)
+/// shared by every [`RemoteEnv`] it makes, and the start-up check.
+#[derive(Debug, Clone)]
+pub struct RemoteEnvClient {
+    client: reqwest::Client,
+    cfg: RemoteEnvConfig,
+}
+
+impl RemoteEnvClient {
+    /// A client for `cfg`'s server. Connecting is bounded by the request timeout too (at
+    /// most 10 s), so a server that is down fails fast.
+    pub fn new(cfg: RemoteEnvConfig) -> Result<Self, EnvError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(cfg.timeout.min(Duration::from_secs(10)))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| remote(&cfg.url, RemoteFailure::Client(e)))?;
+        Ok(RemoteEnvClient { client, cfg })
+    }
+
+    /// The configuration environments are made from.
+    pub fn config(&self) -> &RemoteEnvConfig {
+        &self.cfg
+    }
+
+    /// A new environment on the shared connection pool (no request is sent until `reset`).
+    pub fn env(&self) -> RemoteEnv {
+        RemoteEnv::with_client(self.client.clone(), self.cfg.clone())
+    }
+
+    /// Checks that the server is up and builds the configured environment: `GET /health`,
+    /// then a probe environment created (which checks the API key and that the server
+    /// accepts the spec) and deleted. Each request has the configured timeout.
+    pub async fn check(&self) -> Result<HealthResponse, EnvError> {
+        let base = self.cfg.url.trim_end_matches('/');
+        let url = format!("{base}/health");
+        let resp = self
+            .client
+            .get(&url)
+            .timeout(self.cfg.timeout)
+            .send()
+            .await
+            .map_err(|e| remote(&url, RemoteFailure::Transport(e)))?;
+        if !resp.status().is_success() {
+            return Err(error_reply(&url, resp).await);
+        }
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| remote(&url, RemoteFailure::Transport(e)))?;
+        let health: HealthResponse =
+            serde_json::from_slice(&bytes).map_err(|source| EnvError::Undecodable {
+                url: url.clone(),
+                source,
+            })?;
+        let mut probe = self.env();
+        probe.create().await?;
+        probe.close().await?;
+        Ok(health)
     }
 }

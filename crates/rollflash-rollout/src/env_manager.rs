@@ -67,7 +67,7 @@ pub struct EnvManagerConfig {
     pub max_total_tokens: usize,
     /// Sampling of each turn; `max_new_tokens` bounds one turn.
     pub sampling: SamplingParams,
-    /// Bound on one `reset` or `step` of the environment.
+    /// Bound on one `reset`, `step` or `close` of the environment.
     pub step_timeout: Duration,
 }
 
@@ -165,12 +165,22 @@ impl EnvManager {
     ) -> GroupResult {
         let group = self.proxy.next_group();
         let mut tasks = JoinSet::new();
+        // Surplus trajectories are cancelled through this, not by aborting their tasks, so
+        // each still closes its environment (a server-side episode or session).
+        let (cancel, cancelled) = watch::channel(false);
         for index in 0..group_size + redundancy {
             let me = self.clone();
             let make_env = Arc::clone(&make_env);
+            let mut cancelled = cancelled.clone();
             tasks.spawn(async move {
                 match make_env() {
-                    Ok(mut env) => me.run_trajectory(env.as_mut(), seed, index, group).await,
+                    Ok(mut env) => {
+                        let stop = async move {
+                            let _ = cancelled.wait_for(|c| *c).await;
+                        };
+                        me.run_trajectory_until(env.as_mut(), seed, index, group, stop)
+                            .await
+                    }
                     Err(e) => failed_before_start(seed, index, &e.to_string()),
                 }
             });
@@ -203,8 +213,9 @@ impl EnvManager {
                     // Group complete: stop the surplus, in the environment and on the
                     // backends.
                     result.aborted += abort;
-                    tasks.abort_all();
+                    let _ = cancel.send(true);
                     self.proxy.abort_group(group);
+                    // Each closes its environment within the step timeout.
                     while tasks.join_next().await.is_some() {}
                 }
                 break;
@@ -215,13 +226,28 @@ impl EnvManager {
     }
 
     /// Runs one trajectory: reset, then (generate → step)* until the episode ends or a limit
-    /// is hit. Never panics and never returns an error: failures are recorded in `end`.
+    /// is hit, then closes the environment ([`Env::close`], within the step timeout). Never
+    /// panics and never returns an error: failures are recorded in `end`.
     pub async fn run_trajectory(
         &self,
         env: &mut dyn Env,
         seed: u64,
         index: usize,
         group: GroupId,
+    ) -> Trajectory {
+        self.run_trajectory_until(env, seed, index, group, std::future::pending())
+            .await
+    }
+
+    /// As [`EnvManager::run_trajectory`], aborted (and its environment still closed) when
+    /// `stop` completes first.
+    pub async fn run_trajectory_until(
+        &self,
+        env: &mut dyn Env,
+        seed: u64,
+        index: usize,
+        group: GroupId,
+        stop: impl std::future::Future<Output = ()> + Send,
     ) -> Trajectory {
         let start_version = *self.version.borrow();
         let mut t = Trajectory {
@@ -237,8 +263,17 @@ impl EnvManager {
             Replication::Expand => Affinity::Sticky(affinity_key),
             Replication::PerRequest => Affinity::Pinned(group.0),
         };
-        let end = self.episode(env, &mut t, group, affinity).await;
+        let end = tokio::select! {
+            end = self.episode(env, &mut t, group, affinity) => end,
+            () = stop => TrajectoryEnd::Aborted,
+        };
         self.proxy.forget_affinity(affinity_key);
+        // A close that fails or hangs costs nothing but a log line: the trajectory is over.
+        match tokio::time::timeout(self.cfg.step_timeout, env.close()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "closing the environment failed"),
+            Err(_) => tracing::debug!("closing the environment timed out"),
+        }
         t.end = Some(end);
         t
     }

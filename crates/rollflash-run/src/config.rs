@@ -75,8 +75,10 @@ pub struct TrainConfig {
     pub output_dir: PathBuf,
     pub model: ModelSection,
     pub warmup: WarmupSection,
-    /// The environment (task) trajectories run in.
-    pub env: EnvSpec,
+    /// The environment (task) trajectories run in: a built-in one (its spec, with `name`),
+    /// `{ remote = { url, spec, … } }` on a `rollflash env-serve` server, or
+    /// `{ openenv = { url, … } }` on an OpenEnv server.
+    pub env: EnvSection,
     pub rollout: RolloutSection,
     /// Batching, α, filtering (see `rollflash_core::buffer`).
     pub buffer: BufferConfig,
@@ -285,10 +287,10 @@ impl Default for TrainConfig {
             // Two- and three-term problems: the warm-up takes the built-in model to about
             // two thirds right in a few minutes, leaving RL room; the task's long-tailed
             // default (up to 24 terms) is what the benchmarks use.
-            env: EnvSpec::new(EnvConfig::Math(MathTaskConfig {
+            env: EnvSection::Builtin(EnvSpec::new(EnvConfig::Math(MathTaskConfig {
                 max_terms: 3,
                 ..MathTaskConfig::default()
-            })),
+            }))),
             rollout: RolloutSection::default(),
             buffer: BufferConfig {
                 groups_per_batch: 8,
@@ -422,8 +424,20 @@ impl TrainConfig {
     }
 
     /// The resolved configuration as TOML (what `--dry-run` prints).
+    /// An inline environment API key is printed as `<redacted>`.
     pub fn to_toml(&self) -> Result<String, ConfigError> {
-        toml::to_string_pretty(self).map_err(ConfigError::Print)
+        let mut shown = self.clone();
+        let redact = |k: &mut Option<String>| {
+            if k.is_some() {
+                *k = Some("<redacted>".into());
+            }
+        };
+        match &mut shown.env {
+            EnvSection::Remote(r) => redact(&mut r.api_key),
+            EnvSection::OpenEnv(o) => redact(&mut o.api_key),
+            EnvSection::Builtin(_) => {}
+        }
+        toml::to_string_pretty(&shown).map_err(ConfigError::Print)
     }
 
     /// The learner's settings: `[train]` with the rollout temperature the log-probs are
@@ -457,7 +471,7 @@ impl TrainConfig {
     /// Every check serde cannot make. Errors name the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.buffer.validate()?;
-        self.env.validate().map_err(ConfigError::Env)?;
+        self.env.validate()?;
         let r = &self.rollout;
         if r.engines == 0 {
             return Err(field("rollout.engines", "must be at least 1"));
@@ -573,6 +587,15 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
             {
                 base.insert(k, toml::Value::Table(o));
             }
+            // The environment's other sources (`remote`, `openenv`) replace a built-in's
+            // section (and each other's) whole.
+            (Some(toml::Value::Table(b)), toml::Value::Table(o))
+                if ENV_SOURCE_KEYS
+                    .iter()
+                    .any(|key| o.contains_key(*key) && !b.contains_key(*key)) =>
+            {
+                base.insert(k, toml::Value::Table(o));
+            }
             (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
             (_, v) => {
                 base.insert(k, v);
@@ -665,5 +688,274 @@ impl Default for MetricsSection {
             progress: true,
             report: true,
         }
+    }
+}
+
+/// The keys that make `env` another source than a built-in environment.
+const ENV_SOURCE_KEYS: [&str; 2] = ["remote", "openenv"];
+
+/// `env`: where trajectories' environments come from. In TOML, a built-in environment's
+/// spec (`[env]` with `name = "math"` and its fields), or one key naming another source:
+/// `[env.remote]` (a `rollflash env-serve` server) or `[env.openenv]` (an OpenEnv server).
+#[derive(Debug, Clone, PartialEq)]
+pub enum EnvSection {
+    /// A built-in environment in this process.
+    Builtin(EnvSpec),
+    /// The spec built by a `rollflash env-serve` server.
+    Remote(RemoteEnvSection),
+    /// An environment on an OpenEnv server.
+    OpenEnv(OpenEnvSection),
+}
+
+/// `[env.remote]`: an environment on a `rollflash env-serve` server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteEnvSection {
+    /// The server, e.g. `http://127.0.0.1:8123`.
+    pub url: String,
+    /// The server's API key (prefer `api_key_env`: a key in a config file gets copied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    /// The environment variable that holds the API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Deadline of each request (create, reset, step, delete, the start-up check).
+    #[serde(default = "default_env_timeout")]
+    pub timeout_secs: f64,
+    /// The environment the server builds, as a built-in `[env]` would be written.
+    pub spec: EnvSpec,
+}
+
+/// `[env.openenv]`: an environment on an OpenEnv server (see `rollflash_env::openenv` for
+/// how its actions and observations map to text).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenEnvSection {
+    /// The server, `http://host:port`.
+    pub url: String,
+    /// Sent as a bearer token (OpenEnv has no auth itself; a gateway in front may).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    /// The environment variable that holds the API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Deadline of each request and session message.
+    #[serde(default = "default_env_timeout")]
+    pub timeout_secs: f64,
+    /// The action's string field the model's text goes into (default: the only one in the
+    /// server's action schema).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action_field: Option<String>,
+    /// Fixed fields sent with every action.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub action_extra: serde_json::Map<String, serde_json::Value>,
+    /// The observation field shown to the model (default: the only string field, else the
+    /// whole observation as JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observation_field: Option<String>,
+    /// Extra fields of every reset besides `seed`.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub reset_extra: serde_json::Map<String, serde_json::Value>,
+    /// The episode reward at or above which a sample counts as a success (accuracy).
+    #[serde(default = "default_success_reward")]
+    pub success_reward: f64,
+}
+
+fn default_success_reward() -> f64 {
+    1.0
+}
+
+fn default_env_timeout() -> f64 {
+    30.0
+}
+
+impl EnvSection {
+    /// The environment's name: the built-in's (or the one the remote server builds), or
+    /// `openenv`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EnvSection::Builtin(s) => s.name(),
+            EnvSection::Remote(r) => r.spec.name(),
+            EnvSection::OpenEnv(_) => "openenv",
+        }
+    }
+
+    /// The spec of the tasks, when rollflash knows it (a built-in, or what a remote
+    /// `env-serve` builds); `None` for OpenEnv.
+    pub fn spec(&self) -> Option<&EnvSpec> {
+        match self {
+            EnvSection::Builtin(s) => Some(s),
+            EnvSection::Remote(r) => Some(&r.spec),
+            EnvSection::OpenEnv(_) => None,
+        }
+    }
+
+    /// Checks ranges and consistency; errors name the field (`env.remote.url`, …).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match self {
+            EnvSection::Builtin(s) => s.validate().map_err(ConfigError::Env),
+            EnvSection::Remote(r) => {
+                check_url("env.remote.url", &r.url)?;
+                check_key("env.remote", &r.api_key, &r.api_key_env)?;
+                check_timeout("env.remote.timeout_secs", r.timeout_secs)?;
+                r.spec.validate().map_err(|e| match e {
+                    rollflash_env::EnvError::Config { field, reason } => {
+                        self::field(&format!("env.remote.spec.{field}"), reason)
+                    }
+                    other => ConfigError::Env(other),
+                })
+            }
+            EnvSection::OpenEnv(o) => {
+                check_key("env.openenv", &o.api_key, &o.api_key_env)?;
+                if !o.success_reward.is_finite() {
+                    return Err(field("env.openenv.success_reward", "must be finite"));
+                }
+                // The client's own checks, with its field names under `env.openenv`.
+                o.client_config(None).validate().map_err(|e| match e {
+                    rollflash_env::EnvError::Config { field, reason } => {
+                        self::field(&format!("env.openenv.{field}"), reason)
+                    }
+                    other => ConfigError::Env(other),
+                })
+            }
+        }
+    }
+}
+
+impl OpenEnvSection {
+    /// The client's configuration, with the resolved API key.
+    pub fn client_config(&self, api_key: Option<String>) -> rollflash_env::openenv::OpenEnvConfig {
+        rollflash_env::openenv::OpenEnvConfig {
+            url: self.url.clone(),
+            api_key,
+            timeout_secs: self.timeout_secs,
+            action_field: self.action_field.clone(),
+            action_extra: self.action_extra.clone(),
+            observation_field: self.observation_field.clone(),
+            reset_extra: self.reset_extra.clone(),
+        }
+    }
+}
+
+fn check_url(name: &str, url: &str) -> Result<(), ConfigError> {
+    match url.strip_prefix("http://") {
+        Some(rest) if !rest.trim_end_matches('/').is_empty() => Ok(()),
+        _ => Err(field(
+            name,
+            format!("`{url}` is not an http:// URL (TLS is not built in)"),
+        )),
+    }
+}
+
+fn check_key(
+    section: &str,
+    key: &Option<String>,
+    key_env: &Option<String>,
+) -> Result<(), ConfigError> {
+    match (key, key_env) {
+        (Some(_), Some(_)) => Err(field(
+            &format!("{section}.api_key_env"),
+            "set api_key or api_key_env, not both",
+        )),
+        (_, Some(v)) if v.is_empty() => Err(field(
+            &format!("{section}.api_key_env"),
+            "must not be empty",
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn check_timeout(name: &str, secs: f64) -> Result<(), ConfigError> {
+    if !(secs > 0.0) || !secs.is_finite() {
+        return Err(field(name, "must be > 0"));
+    }
+    Ok(())
+}
+
+/// Reads the API key a section names: inline, or from its environment variable (an unset
+/// or empty variable is an error naming the field).
+pub fn resolve_api_key(
+    section: &str,
+    key: &Option<String>,
+    key_env: &Option<String>,
+) -> Result<Option<String>, ConfigError> {
+    match (key, key_env) {
+        (Some(k), _) => Ok(Some(k.clone())),
+        (None, Some(var)) => match std::env::var(var) {
+            Ok(k) if !k.is_empty() => Ok(Some(k)),
+            _ => Err(field(
+                &format!("{section}.api_key_env"),
+                format!("the environment variable `{var}` is not set"),
+            )),
+        },
+        (None, None) => Ok(None),
+    }
+}
+
+impl Serialize for EnvSection {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        #[serde(untagged)]
+        enum Wire<'a> {
+            Builtin(&'a EnvSpec),
+            Remote { remote: &'a RemoteEnvSection },
+            OpenEnv { openenv: &'a OpenEnvSection },
+        }
+        match self {
+            EnvSection::Builtin(spec) => Wire::Builtin(spec),
+            EnvSection::Remote(remote) => Wire::Remote { remote },
+            EnvSection::OpenEnv(openenv) => Wire::OpenEnv { openenv },
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for EnvSection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let value = toml::Value::deserialize(d)?;
+        let source = value.as_table().and_then(|t| {
+            ENV_SOURCE_KEYS
+                .iter()
+                .find(|k| t.contains_key(**k))
+                .map(|k| (*k, t))
+        });
+        let Some((key, table)) = source else {
+            return EnvSpec::deserialize(value)
+                .map(EnvSection::Builtin)
+                .map_err(D::Error::custom);
+        };
+        if table.len() > 1 {
+            let others: Vec<&str> = table
+                .keys()
+                .map(String::as_str)
+                .filter(|k| *k != key)
+                .collect();
+            return Err(D::Error::custom(format!(
+                "`{key}` is the whole environment; `{}` belongs in `{key}.spec` or nowhere",
+                others.join("`, `")
+            )));
+        }
+        let inner = table
+            .get(key)
+            .cloned()
+            .unwrap_or(toml::Value::Table(Default::default()));
+        // Nested paths in the message: serde_path_to_error stops at `env` here.
+        fn sub<T: serde::de::DeserializeOwned>(key: &str, v: toml::Value) -> Result<T, String> {
+            serde_path_to_error::deserialize(v).map_err(|e| {
+                let path = e.path().to_string();
+                let inner = e.into_inner();
+                if path == "." {
+                    format!("{key}: {inner}")
+                } else {
+                    format!("{key}.{path}: {inner}")
+                }
+            })
+        }
+        match key {
+            "remote" => sub(key, inner).map(EnvSection::Remote),
+            _ => sub(key, inner).map(EnvSection::OpenEnv),
+        }
+        .map_err(D::Error::custom)
     }
 }

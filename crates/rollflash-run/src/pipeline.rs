@@ -174,6 +174,10 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         source,
     })?;
     let ckpt_root = checkpoint::root(&cfg.output_dir);
+    // An environment server that is down stops the run here, before the warm-up.
+    if let Some(line) = stack::check_env(&plan).await? {
+        println!("{line}");
+    }
 
     // The policy: from a checkpoint when resuming (no warm-up: the checkpoint is past it).
     let resumed = match &opts.resume {
@@ -489,6 +493,7 @@ pub async fn evaluate_checkpoint(
     problems: usize,
 ) -> Result<EvalResult, PipelineError> {
     let plan = RunPlan::new(cfg.clone())?;
+    stack::check_env(&plan).await?;
     let policy = Policy::from_checkpoint(&plan, dir)?;
     let model = policy.trainable(&plan)?;
     let rollout = Stack::build(&plan, &policy, &model, PolicyVersion(0))?;

@@ -13,11 +13,15 @@ use candle_core::{DType, Device};
 use rollflash_core::proxy::Routing;
 use rollflash_core::{PauseMode, SamplingParams};
 use rollflash_env::envs::{EnvConfig, EnvSpec};
+use rollflash_env::openenv::OpenEnvConfig;
+use rollflash_env::remote::RemoteEnvConfig;
 use rollflash_rollout::{EnvManagerConfig, ProxyConfig, Replication};
 use rollflash_trainer::learner::LearnerConfig;
 use rollflash_trainer::ControllerConfig;
 
-use crate::config::{ConfigError, DTypeSpec, DeviceSpec, RendererChoice, TrainConfig};
+use crate::config::{
+    resolve_api_key, ConfigError, DTypeSpec, DeviceSpec, EnvSection, RendererChoice, TrainConfig,
+};
 use crate::eval::success_threshold;
 
 /// A plan could not be made from a (valid) config.
@@ -110,22 +114,54 @@ pub enum EnvSource {
     /// A built-in environment (generated tasks), with the training spec's latency and
     /// failure injection; evaluation uses it without them.
     Builtin(EnvSpec),
+    /// A spec built by a `rollflash env-serve` server (one HTTP client per run);
+    /// evaluation runs the same spec there without injected latency or failures.
+    Remote(RemoteEnvConfig),
+    /// An environment on an OpenEnv server, for training and evaluation alike.
+    OpenEnv(OpenEnvConfig),
 }
 
 impl EnvSource {
-    /// The spec training rolls out in.
-    pub fn train_spec(&self) -> &EnvSpec {
+    /// The spec training rolls out in, when rollflash knows it (not for OpenEnv).
+    pub fn train_spec(&self) -> Option<&EnvSpec> {
         match self {
-            EnvSource::Builtin(s) => s,
+            EnvSource::Builtin(s) => Some(s),
+            EnvSource::Remote(r) => Some(&r.spec),
+            EnvSource::OpenEnv(_) => None,
         }
     }
 
     /// The spec evaluation runs: the same tasks without injected latency or failures.
-    pub fn eval_spec(&self) -> EnvSpec {
-        let mut spec = self.train_spec().clone();
+    pub fn eval_spec(&self) -> Option<EnvSpec> {
+        let mut spec = self.train_spec()?.clone();
         spec.latency = None;
         spec.failure = None;
-        spec
+        Some(spec)
+    }
+
+    /// The environment's name (`openenv` for an OpenEnv server's).
+    pub fn name(&self) -> &'static str {
+        self.train_spec().map_or("openenv", EnvSpec::name)
+    }
+
+    /// Where it runs, for people: `in process`, or the server's URL.
+    pub fn location(&self) -> String {
+        match self {
+            EnvSource::Builtin(_) => "in process".into(),
+            EnvSource::Remote(r) => format!(
+                "on env-serve {} (auth {}, {:.0} s per request)",
+                r.url,
+                if r.api_key.is_some() { "on" } else { "off" },
+                r.timeout.as_secs_f64()
+            ),
+            EnvSource::OpenEnv(o) => format!(
+                "on OpenEnv {} (action field {}, observation field {}, {:.0} s per message)",
+                o.url,
+                o.action_field.as_deref().unwrap_or("from the schema"),
+                o.observation_field.as_deref().unwrap_or("auto"),
+                o.timeout_secs
+            ),
+        }
     }
 }
 
@@ -222,13 +258,30 @@ impl RunPlan {
             serve_timeout: Duration::from_secs_f64(c.controller.serve_timeout_secs),
         };
         let warmup = warmup_plan(c);
+        let first_task = task_seed(c.seed);
+        let env = match &c.env {
+            EnvSection::Builtin(spec) => {
+                EnvSource::Builtin(spec.clone().with_task_seed_origin(first_task))
+            }
+            EnvSection::Remote(r) => EnvSource::Remote(RemoteEnvConfig {
+                url: r.url.clone(),
+                spec: r.spec.clone().with_task_seed_origin(first_task),
+                api_key: resolve_api_key("env.remote", &r.api_key, &r.api_key_env)?,
+                timeout: Duration::from_secs_f64(r.timeout_secs),
+            }),
+            EnvSection::OpenEnv(o) => EnvSource::OpenEnv(o.client_config(resolve_api_key(
+                "env.openenv",
+                &o.api_key,
+                &o.api_key_env,
+            )?)),
+        };
         Ok(RunPlan {
             placement: placement.clone(),
             model,
             renderer: r.renderer,
             routing: r.routing,
             backends,
-            env: EnvSource::Builtin(c.env.clone().with_task_seed_origin(task_seed(c.seed))),
+            env,
             replication: Replication::Expand,
             env_manager,
             proxy: ProxyConfig::with_request_timeout(Duration::from_secs_f64(
@@ -236,7 +289,11 @@ impl RunPlan {
             )),
             controller,
             learner: c.learner_config(&placement.device),
-            success_threshold: success_threshold(&c.env.env),
+            success_threshold: match (&c.env, c.env.spec()) {
+                (_, Some(spec)) => success_threshold(&spec.env),
+                (EnvSection::OpenEnv(o), None) => o.success_reward,
+                _ => 1.0,
+            },
             warmup,
             eval: EvalPlan {
                 problems: c.train.eval_problems,
@@ -284,10 +341,11 @@ impl RunPlan {
                 "backend {name}: embedded engine, {threads} thread(s), {max_running_requests} running requests"
             ));
         }
+        out.push(format!("env `{}` {}", self.env.name(), self.env.location()));
         out.push(format!(
             "routing {:?}, env `{}`, first task seed {}, α {}{}",
             self.routing,
-            self.env.train_spec().name(),
+            self.env.name(),
             self.controller.seed,
             self.alpha(),
             if self.sync() {
@@ -321,8 +379,8 @@ fn warmup_plan(c: &TrainConfig) -> WarmupPlan {
     if c.warmup.steps == 0 {
         return WarmupPlan::None;
     }
-    match &c.env.env {
-        EnvConfig::Math(_) | EnvConfig::FrozenLake(_) => WarmupPlan::Run {
+    match c.env.spec().map(|s| &s.env) {
+        Some(EnvConfig::Math(_) | EnvConfig::FrozenLake(_)) => WarmupPlan::Run {
             cache: c
                 .output_dir
                 .join(format!("warmup-{:016x}", crate::warmup::cache_key(c))),

@@ -7,8 +7,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rollflash_core::PolicyVersion;
-use rollflash_env::envs::{make_env, EnvConfig};
+use rollflash_env::envs::{make_env, EnvConfig, EnvSpec};
 use rollflash_env::math_task::MathTask;
+use rollflash_env::openenv::OpenEnvClient;
+use rollflash_env::remote::{RemoteEnvClient, RemoteEnvConfig};
 use rollflash_env::Env;
 use rollflash_model::chat::ChatTemplate;
 use rollflash_model::config::ModelConfig;
@@ -24,7 +26,7 @@ use rollflash_trainer::StopFlag;
 use tokio::sync::watch;
 
 use crate::config::RendererChoice;
-use crate::plan::{BackendPlan, ModelSource, RunPlan, WarmupPlan};
+use crate::plan::{BackendPlan, EnvSource, ModelSource, RunPlan, WarmupPlan};
 use crate::warmup::WarmupError;
 
 /// Why a stack could not be built.
@@ -183,14 +185,14 @@ pub async fn warm_up(
         )?;
         return Ok(WarmedUp::Reused(cache.clone()));
     }
-    match &plan.env.train_spec().env {
-        EnvConfig::Math(task_cfg) => {
+    match plan.env.train_spec().map(|s| &s.env) {
+        Some(EnvConfig::Math(task_cfg)) => {
             let task = MathTask::new(task_cfg.clone())?;
             tokio::task::block_in_place(|| {
                 crate::warmup::run(model, &policy.tokenizer, &task, cfg, stop)
             })?;
         }
-        EnvConfig::FrozenLake(lake) => {
+        Some(EnvConfig::FrozenLake(lake)) => {
             crate::agentic_warmup::run(model, &policy.tokenizer, lake, cfg, stop).await?;
         }
         _ => {
@@ -311,14 +313,11 @@ impl Stack {
             vrx.clone(),
         )
         .with_replication(plan.replication);
-        let spec = plan.env.train_spec().clone();
-        spec.validate()?;
+        let (train, eval_make) = env_factories(&plan.env)?;
         let make: EnvFactory = match hooks.wrap_env.clone() {
-            Some(wrap) => Arc::new(move || make_env(&spec).map(|e| wrap(e))),
-            None => Arc::new(move || make_env(&spec)),
+            Some(wrap) => Arc::new(move || train().map(|e| wrap(e))),
+            None => train,
         };
-        let eval_spec = plan.env.eval_spec();
-        let eval_make: EnvFactory = Arc::new(move || make_env(&eval_spec));
         let eval_envs = EnvManager::new(
             proxy.handle(),
             Arc::clone(&policy.tokenizer),
@@ -340,5 +339,67 @@ impl Stack {
             eval_envs,
             eval_make,
         })
+    }
+}
+
+/// The training and evaluation factories of `source`. Remote ones share one client (one
+/// connection pool) per run: each trajectory gets a new environment, not a new client.
+fn env_factories(source: &EnvSource) -> Result<(EnvFactory, EnvFactory), StackError> {
+    fn local(spec: EnvSpec) -> EnvFactory {
+        Arc::new(move || make_env(&spec))
+    }
+    fn remote(client: &RemoteEnvClient, spec: EnvSpec) -> Result<EnvFactory, StackError> {
+        let client = RemoteEnvClient::new(RemoteEnvConfig {
+            spec,
+            ..client.config().clone()
+        })?;
+        Ok(Arc::new(move || Ok(Box::new(client.env()) as Box<dyn Env>)))
+    }
+    match source {
+        EnvSource::Builtin(spec) => {
+            spec.validate()?;
+            let eval = source.eval_spec().unwrap_or_else(|| spec.clone());
+            Ok((local(spec.clone()), local(eval)))
+        }
+        EnvSource::Remote(cfg) => {
+            cfg.spec.validate()?;
+            let train = RemoteEnvClient::new(cfg.clone())?;
+            let eval = source.eval_spec().unwrap_or_else(|| cfg.spec.clone());
+            let eval = remote(&train, eval)?;
+            let train: EnvFactory = Arc::new(move || Ok(Box::new(train.env()) as Box<dyn Env>));
+            Ok((train, eval))
+        }
+        EnvSource::OpenEnv(cfg) => {
+            let client = OpenEnvClient::new(cfg.clone())?;
+            let make: EnvFactory = Arc::new(move || Ok(Box::new(client.env()) as Box<dyn Env>));
+            Ok((Arc::clone(&make), make))
+        }
+    }
+}
+
+/// Checks the plan's environment server, if any, before anything else runs: `env-serve`'s
+/// `/health` and a probe environment of the spec (which checks the key and the spec), or
+/// OpenEnv's `/health`, `/schema` and a session. Every request has the configured deadline;
+/// the error names the server. Returns a line for people (`None` for a built-in).
+pub async fn check_env(plan: &RunPlan) -> Result<Option<String>, StackError> {
+    match &plan.env {
+        EnvSource::Builtin(_) => Ok(None),
+        EnvSource::Remote(cfg) => {
+            let h = RemoteEnvClient::new(cfg.clone())?.check().await?;
+            Ok(Some(format!(
+                "env: env-serve {} is {} ({} live environments), builds `{}`",
+                cfg.url,
+                h.status,
+                h.envs,
+                cfg.spec.name()
+            )))
+        }
+        EnvSource::OpenEnv(cfg) => {
+            let info = OpenEnvClient::new(cfg.clone())?.check().await?;
+            Ok(Some(format!(
+                "env: OpenEnv {} is {}; the model's text goes into action field `{}`",
+                cfg.url, info.status, info.action_field
+            )))
+        }
     }
 }

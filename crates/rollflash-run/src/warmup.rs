@@ -96,7 +96,7 @@ pub fn cache_key(cfg: &TrainConfig) -> u64 {
         "{}|{:?}|{}|{:?}",
         cfg.seed,
         cfg.warmup,
-        serde_json::to_string(&cfg.env.env).unwrap_or_default(),
+        serde_json::to_string(&cfg.env.spec().map(|s| &s.env)).unwrap_or_default(),
         cfg.model.path
     );
     // FNV-1a: stable across runs and Rust versions, unlike `DefaultHasher`.

@@ -70,6 +70,12 @@ impl Plan {
                 "sim validate supports the built-in model only (model.path is set)".into(),
             ));
         }
+        let Some(spec) = cfg.env.spec() else {
+            return Err(CalibrateError::Unsupported(
+                "sim validate supports rollflash's own environments only (env.openenv is set)"
+                    .into(),
+            ));
+        };
         let run = RunPlan::new(cfg.clone())?;
         let warmup_dir = run.warmup_cache().cloned();
         let r = &cfg.rollout;
@@ -77,11 +83,11 @@ impl Plan {
             seed: cfg.seed,
             // As `rollflash train` seeds its controller.
             task_seed: run.controller.seed,
-            kind: match cfg.env.env {
+            kind: match spec.env {
                 EnvConfig::Math(_) => TaskKind::SingleTurn,
                 _ => TaskKind::Episodes,
             },
-            env: cfg.env.clone(),
+            env: spec.clone(),
             warmup_dir,
             engines: r.engines,
             engine_threads: r.engine_threads,

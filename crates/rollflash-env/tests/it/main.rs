@@ -9,5 +9,6 @@ mod envs;
 mod fuzz_remote;
 mod latency;
 mod math_task;
+mod openenv;
 mod remote;
 mod verify;

@@ -421,3 +421,67 @@ async fn an_undecodable_reply_keeps_the_json_error_and_out_of_order_says_which()
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn remote_client_checks_the_server_and_releases_dropped_envs() {
+    use rollflash_env::remote::RemoteEnvClient;
+    let server = TestServer::start(EnvServerConfig {
+        api_key: Some("k".into()),
+        ..EnvServerConfig::default()
+    })
+    .await;
+    let math = spec(json!({"name": "math"}));
+    let mut cfg = RemoteEnvConfig::new(&server.url, math.clone());
+    cfg.api_key = Some("k".into());
+    let client = RemoteEnvClient::new(cfg.clone()).expect("client");
+    assert_eq!(
+        client.check().await.expect("check").envs,
+        0,
+        "the probe is deleted"
+    );
+    // A wrong key is found by the check (health alone needs none).
+    let mut wrong = cfg.clone();
+    wrong.api_key = Some("nope".into());
+    let err = RemoteEnvClient::new(wrong).expect("client").check().await;
+    assert!(
+        matches!(
+            err,
+            Err(EnvError::Remote {
+                source: RemoteFailure::Status { status: 401, .. },
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    // Environments share the client's pool; dropping one that holds a server-side env
+    // (a cancelled trajectory) deletes it.
+    let mut envs: Vec<_> = (0..3).map(|_| client.env()).collect();
+    for (i, e) in envs.iter_mut().enumerate() {
+        e.reset(i as u64).await.expect("reset");
+    }
+    let health = || async {
+        reqwest::get(format!("{}/health", server.url))
+            .await
+            .expect("health")
+            .json::<HealthResponse>()
+            .await
+            .expect("json")
+            .envs
+    };
+    assert_eq!(health().await, 3);
+    envs[0].close().await.expect("close");
+    drop(envs);
+    let mut live = health().await;
+    for _ in 0..100 {
+        if live == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        live = health().await;
+    }
+    assert_eq!(live, 0, "dropped environments were deleted");
+    // A server that is down is named by the check.
+    server.stop().await;
+    let err = client.check().await.expect_err("down");
+    assert!(err.to_string().contains("/health"), "{err}");
+}

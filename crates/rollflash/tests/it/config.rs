@@ -171,3 +171,123 @@ fn cuda_in_a_build_without_it_is_refused_by_name() {
         .to_string();
     assert!(e.contains("model.device") && e.contains("cuda"), "{e}");
 }
+
+#[test]
+fn remote_and_openenv_environments_load_validate_and_round_trip() {
+    use rollflash_run::config::EnvSection;
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let path = std::path::Path::new(dir).join("../../configs/frozenlake_remote.toml");
+    let c = TrainConfig::load(Some(&path), &[]).unwrap();
+    let EnvSection::Remote(r) = &c.env else {
+        panic!("{:?}", c.env)
+    };
+    assert_eq!(r.url, "http://127.0.0.1:30001");
+    assert_eq!(r.api_key_env.as_deref(), Some("ENV_KEY"));
+    assert_eq!(c.env.name(), "frozen_lake");
+    // The plan needs the key's variable: unset, it is named.
+    let unset = format!("{}_UNSET_FOR_TEST", "ROLLFLASH");
+    let c = TrainConfig::load(Some(&path), &[format!("env.remote.api_key_env={unset:?}")]).unwrap();
+    let e = rollflash_run::plan::RunPlan::new(c)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("env.remote.api_key_env") && e.contains(&unset),
+        "{e}"
+    );
+
+    // `--set` switches a built-in env to a server whole, and back.
+    let sets = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let c = TrainConfig::load(
+        None,
+        &sets(&[
+            "env.openenv.url=\"http://127.0.0.1:8100\"",
+            "env.openenv.action_field=guess",
+        ]),
+    )
+    .unwrap();
+    let EnvSection::OpenEnv(o) = &c.env else {
+        panic!("{:?}", c.env)
+    };
+    assert_eq!(o.action_field.as_deref(), Some("guess"));
+    assert_eq!(c.env.name(), "openenv");
+    let plan = rollflash_run::plan::RunPlan::new(c.clone()).unwrap();
+    assert!(
+        plan.describe()
+            .iter()
+            .any(|l| l.contains("on OpenEnv http://127.0.0.1:8100")),
+        "{:?}",
+        plan.describe()
+    );
+    let back = TrainConfig::load(Some(&write_tmp(&c.to_toml().unwrap())), &[]).unwrap();
+    assert_eq!(back, c, "the dry-run TOML loads back");
+
+    // Errors name the field.
+    for (set, field) in [
+        (
+            vec!["env.remote.url=\"ftp://x\"", "env.remote.spec.name=math"],
+            "env.remote.url",
+        ),
+        (
+            vec![
+                "env.remote.url=\"http://h:1\"",
+                "env.remote.spec.name=math",
+                "env.remote.api_key=a",
+                "env.remote.api_key_env=B",
+            ],
+            "env.remote.api_key_env",
+        ),
+        (
+            vec![
+                "env.remote.url=\"http://h:1\"",
+                "env.remote.spec.name=math",
+                "env.remote.timeout_secs=0",
+            ],
+            "env.remote.timeout_secs",
+        ),
+        (
+            vec![
+                "env.remote.url=\"http://h:1\"",
+                "env.remote.spec.name=math",
+                "env.remote.spec.max_terms=0",
+            ],
+            "env.remote.spec.math.",
+        ),
+        (vec!["env.openenv.url=\"https://h\""], "env.openenv.url"),
+        (
+            vec![
+                "env.openenv.url=\"http://h:1\"",
+                "env.openenv.timeout_secs=-1",
+            ],
+            "env.openenv.timeout_secs",
+        ),
+        (vec!["env.remote.url=\"http://h:1\""], "remote"),
+        (
+            vec!["env.openenv.url=\"http://h:1\"", "env.openenv.colour=1"],
+            "openenv",
+        ),
+    ] {
+        let e = TrainConfig::load(None, &sets(&set))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(field), "{set:?}: {e}");
+    }
+    // A source key next to a built-in's fields is refused, saying where they belong.
+    let e = TrainConfig::load(
+        Some(&write_tmp(
+            "[env]\nname = \"math\"\n[env.remote]\nurl = \"http://h:1\"\n",
+        )),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("remote.spec"), "{e}");
+}
+
+/// `text` in a file of its own under the system's temporary directory.
+fn write_tmp(text: &str) -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let p = std::env::temp_dir().join(format!("rollflash-config-{}-{n}.toml", std::process::id()));
+    std::fs::write(&p, text).unwrap();
+    p
+}

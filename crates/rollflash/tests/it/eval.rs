@@ -23,7 +23,7 @@ fn the_shipped_frozenlake_config_parses_and_is_multi_turn() {
         "the tiny model needs the move format first"
     );
     assert_eq!(
-        rollflash_run::eval::success_threshold(&c.env.env),
+        rollflash_run::eval::success_threshold(&c.env.spec().expect("built-in").env),
         1.0,
         "reaching the goal is a success"
     );
@@ -64,7 +64,8 @@ fn eval_prints_the_success_rate_of_a_checkpoint() {
 async fn noisy_demonstrations_leave_the_optimal_path_some_of_the_time() {
     use rollflash_run::agentic_warmup::demonstration;
     let c = TrainConfig::load(Some(&frozenlake_toml()), &[]).unwrap();
-    let rollflash_env::envs::EnvConfig::FrozenLake(lake) = &c.env.env else {
+    let Some(rollflash_env::envs::EnvConfig::FrozenLake(lake)) = c.env.spec().map(|s| &s.env)
+    else {
         panic!("frozen lake config");
     };
     let tok = Tokenizer::builtin();

@@ -13,6 +13,7 @@ mod eval;
 mod fuzz_config;
 mod interrupt;
 mod prometheus;
+mod remote_env;
 mod resume;
 mod secrets;
 mod serve;
