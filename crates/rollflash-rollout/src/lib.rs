@@ -11,7 +11,7 @@ pub mod instant;
 pub mod proxy;
 pub mod server;
 
-pub use backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
+pub use backend::{Backend, BackendError, BackendLoad, PauseMode, TokenScore, WeightUpdate};
 pub use engine_backend::{EngineBackend, EngineBackendConfig};
 pub use env_manager::{EnvFactory, EnvManager, EnvManagerConfig, GroupResult, Renderer};
 pub use http::{

