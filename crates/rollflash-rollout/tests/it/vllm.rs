@@ -173,6 +173,34 @@ impl Drop for Server {
     }
 }
 
+/// Output tokens the server has generated so far (`vllm:generation_tokens_total` on
+/// `/metrics`).
+async fn generated_tokens(url: &str) -> f64 {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("vllm:generation_tokens_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until the server has generated `n` more tokens than `since` (a gate on what the
+/// server reports, not a sleep), for a minute at most.
+async fn until_generated(url: &str, since: f64, n: f64) {
+    let t0 = Instant::now();
+    while generated_tokens(url).await < since + n {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "vLLM generated fewer than {n} tokens in a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// SmolLM2 converted by our converter into `dir`; `None` (skip) when the GGUF cannot be had.
 fn convert_smollm2(dir: &Path) -> Option<()> {
     let gguf = match script("fetch_smollm2.sh", &[]) {
@@ -363,12 +391,13 @@ async fn checks(server: &Server, model_dir: &Path, tmp: &Path) {
 
     // 4. Abort keeps the partial output.
     let long = |id| GenRequest::new(RequestId(id), prompt.clone(), params(1.0, 4000));
+    let since = generated_tokens(&server.url).await;
     let task = tokio::spawn({
         let vllm = Arc::clone(&vllm);
         let req = long(30);
         async move { vllm.generate(req).await }
     });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    until_generated(&server.url, since, 8.0).await;
     vllm.abort(RequestId(30)).await.unwrap();
     let out = tokio::time::timeout(Duration::from_secs(60), task)
         .await
@@ -383,12 +412,13 @@ async fn checks(server: &Server, model_dir: &Path, tmp: &Path) {
     );
 
     // 5. An abort-mode pause returns partial tokens; the request resumes from them.
+    let since = generated_tokens(&server.url).await;
     let task = tokio::spawn({
         let vllm = Arc::clone(&vllm);
         let req = GenRequest::new(RequestId(40), prompt.clone(), params(1.0, 400));
         async move { vllm.generate(req).await }
     });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    until_generated(&server.url, since, 8.0).await;
     vllm.pause(PauseMode::Abort).await.unwrap();
     let partial = tokio::time::timeout(Duration::from_secs(60), task)
         .await
@@ -420,12 +450,13 @@ async fn checks(server: &Server, model_dir: &Path, tmp: &Path) {
     .unwrap();
     let new_model =
         Transformer::from_weights(&loaded.config, &new_weights, DType::F32, &Device::Cpu).unwrap();
+    let since = generated_tokens(&server.url).await;
     let task = tokio::spawn({
         let vllm = Arc::clone(&vllm);
         let req = GenRequest::new(RequestId(50), prompt.clone(), params(1.0, 300));
         async move { vllm.generate(req).await }
     });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    until_generated(&server.url, since, 8.0).await;
     vllm.pause(PauseMode::Keep).await.unwrap();
     let t0 = Instant::now();
     let update = WeightUpdate::Disk {
