@@ -11,7 +11,8 @@
 //! labels its tokens with the version that really produced them. A server without that route
 //! (404) is asked on `POST /v1/completions` instead (prompt as ids, `return_token_ids`,
 //! `return_tokens_as_token_ids`, `logprobs: 0`): the same tokens and log-probs, but no spans, so
-//! there every token of a call gets the version current when the call returned.
+//! there every token of a call gets the version this backend knew when the call was sent. On
+//! first contact a fresh server's weight label (`default`) is set to the initial version.
 //!
 //! Seeds: vLLM refuses seeds outside i64 with HTTP 400, so the id-derived seed is masked to 63
 //! bits; a resumed attempt mixes in the resumed length, so it does not replay the random
@@ -144,6 +145,7 @@ impl VllmBackend {
                             .collect()
                     })
                     .unwrap_or_default();
+                self.label_initial_weights().await?;
                 match &self.expected_model {
                     Some(want) if served.iter().any(|s| s == want) => Ok(want.clone()),
                     Some(want) => Err(BackendError::InvalidRequest {
@@ -163,6 +165,20 @@ impl VllmBackend {
             })
             .await?;
         Ok(m.as_str())
+    }
+
+    /// A fresh vLLM labels its weights `default`, which is no policy version: on first contact
+    /// the label becomes this backend's initial version, so the weight-version spans of every
+    /// answer are numbers. A numeric label already there (an earlier run's update) is kept:
+    /// it says what the server really serves.
+    async fn label_initial_weights(&self) -> Result<(), BackendError> {
+        if self.served_version().await?.is_none() {
+            let label = self.version.get().0.to_string();
+            self.http
+                .post("/update_weight_version", &json!({ "new_version": label }))
+                .await?;
+        }
+        Ok(())
     }
 
     /// Pauses the server in any of vLLM's modes (the `Backend` trait knows abort and keep;
@@ -267,7 +283,11 @@ impl VllmBackend {
     }
 
     /// Reads a generate-route answer.
-    fn parse_generate(&self, v: &Value) -> Result<Answer, BackendError> {
+    fn parse_generate(
+        &self,
+        v: &Value,
+        at_dispatch: PolicyVersion,
+    ) -> Result<Answer, BackendError> {
         let bad = |reason: String| self.http.protocol(GENERATE, reason);
         let choice = v
             .pointer("/choices/0")
@@ -304,7 +324,8 @@ impl VllmBackend {
                 }
             }
         }
-        let versions = self.versions_from_spans(choice.get("weight_versions"), tokens.len())?;
+        let versions =
+            self.versions_from_spans(choice.get("weight_versions"), tokens.len(), at_dispatch)?;
         let finish = parse_finish(choice.get("finish_reason")).map_err(bad)?;
         Ok(Answer {
             new: Generated {
@@ -316,14 +337,14 @@ impl VllmBackend {
         })
     }
 
-    /// Per-token versions from vLLM's `weight_versions` spans; tokens outside every span (a
-    /// server that never had a version set) get the last version set through this backend.
+    /// Per-token versions from vLLM's `weight_versions` spans; tokens outside every numeric
+    /// span get `fallback`, the version this backend knew when the call was sent.
     fn versions_from_spans(
         &self,
         spans: Option<&Value>,
         n: usize,
+        fallback: PolicyVersion,
     ) -> Result<Vec<PolicyVersion>, BackendError> {
-        let fallback = self.version.get();
         let mut out = vec![fallback; n];
         let Some(Value::Array(spans)) = spans else {
             return Ok(out);
@@ -367,6 +388,7 @@ impl VllmBackend {
             let (route, body, vllm_id) = self
                 .call_body(req, resumed, left, &rid, completions)
                 .await?;
+            let at_dispatch = self.version.get();
             let call = self.http.post(route, &body);
             tokio::pin!(call);
             let mut aborted = false;
@@ -402,12 +424,12 @@ impl VllmBackend {
                     new: Generated {
                         tokens: p.tokens,
                         logprobs: p.logprobs,
-                        versions: vec![self.version.get(); n],
+                        versions: vec![at_dispatch; n],
                     },
                     finish: p.finish,
                 }))
             } else {
-                self.parse_generate(&answer).map(Some)
+                self.parse_generate(&answer, at_dispatch).map(Some)
             };
         }
     }
@@ -623,7 +645,7 @@ mod tests {
                 ]
             }]
         });
-        let a = b.parse_generate(&answer).unwrap();
+        let a = b.parse_generate(&answer, PolicyVersion(0)).unwrap();
         assert_eq!(a.new.tokens, vec![5, 6, 7]);
         assert_eq!(a.new.logprobs, vec![-0.5, -1.0, -1.5]);
         assert_eq!(
@@ -640,6 +662,6 @@ mod tests {
             "finish_reason": "stop", "token_ids": [5],
             "logprobs": {"content": [{"token_id": 9, "logprob": -0.5}]}
         }]});
-        assert!(b.parse_generate(&answer).is_err());
+        assert!(b.parse_generate(&answer, PolicyVersion(0)).is_err());
     }
 }
