@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Checks that the official `openai` Python client works against a running `rollflash serve`.
 
-Calls `models.list`, `completions.create` (text and token-id prompts, with logprobs) and
-`chat.completions.create` (with logprobs) and validates every raw answer *strictly* against the
+Calls `models.list`, `completions.create` (text and token-id prompts, with logprobs; `stream`
+with a usage chunk, `stop` strings, `echo`, `logprobs: k` alternatives) and
+`chat.completions.create` (with logprobs and `top_logprobs`; `stream`, `stop`) and validates every raw answer *strictly* against the
 client's pydantic types (the client itself builds its objects without validation, so a wrong
 field type would otherwise go unnoticed), then checks the values make sense. Also checks that
 errors map to the client's exception classes.
@@ -22,7 +23,8 @@ import sys
 
 import openai
 from openai.types import Completion, Model
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types import CompletionChoice  # noqa: F401  (the stream's choices)
 
 PASSED = []
 
@@ -120,6 +122,84 @@ def main():
         all(isinstance(t.token, str) and t.logprob <= 0 and t.top_logprobs == [] for t in content),
     )
     check("chat usage", cc.usage.completion_tokens == len(content), str(cc.usage))
+
+    # stream=True on completions: chunks validate, the text equals the non-streamed one, and a
+    # final usage chunk comes with stream_options.include_usage
+    base = dict(model=model, prompt="12+30=", max_tokens=8, temperature=0,
+                extra_body={"ignore_eos": True})
+    whole = client.completions.create(**base).choices[0].text
+    chunks = list(client.completions.create(**base, stream=True,
+                                            stream_options={"include_usage": True}))
+    # The client parses completion chunks as `Completion`, whose finish_reason may not be null:
+    # OpenAI's own mid-stream chunks would fail strict validation too, so only chunks with a
+    # finish reason (and the usage chunk) are validated strictly.
+    for ch in chunks:
+        if all(c.finish_reason is not None for c in ch.choices):
+            Completion.model_validate(ch.model_dump())
+    check("stream chunks validate", len(chunks) >= 2)
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    check("streamed text equals the whole", text == whole, f"{text!r} vs {whole!r}")
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    check("stream ends with a finish_reason", finishes[-1] == "length", str(finishes))
+    check("usage chunk last", chunks[-1].choices == [] and chunks[-1].usage is not None
+          and chunks[-1].usage.completion_tokens == 8, str(chunks[-1]))
+
+    # stop strings: cut before the match, finish_reason "stop"
+    stop_at = next((i for i in range(1, len(whole) - 1) if whole.find(whole[i:i + 2]) == i), None)
+    if stop_at is not None:
+        stop = whole[stop_at:stop_at + 2]
+        c = client.completions.create(**base, stop=[stop])
+        check("stop string cuts before the match",
+              c.choices[0].text == whole[:stop_at] and c.choices[0].finish_reason == "stop",
+              f"{c.choices[0].text!r} / {stop!r} / {whole!r}")
+        streamed = "".join(ch.choices[0].text
+                           for ch in client.completions.create(**base, stop=stop, stream=True)
+                           if ch.choices)
+        check("streamed stop string", streamed == whole[:stop_at], f"{streamed!r}")
+
+    # echo with logprobs: the prompt first, its first token's log-prob null
+    c = client.completions.create(model=model, prompt="12+30=", max_tokens=2, temperature=0,
+                                  echo=True, logprobs=1, extra_body={"ignore_eos": True})
+    lp = c.choices[0].logprobs
+    check("echo prepends the prompt", c.choices[0].text.startswith("12+30="), c.choices[0].text)
+    check("echo log-probs cover the prompt",
+          len(lp.tokens) == c.usage.prompt_tokens + 2 and lp.token_logprobs[0] is None, str(lp))
+
+    # logprobs: k lists alternatives (greedy: the best is the sampled token)
+    c = client.completions.create(**base, logprobs=3)
+    lp = c.choices[0].logprobs
+    check("logprobs=3 lists three alternatives",
+          all(len(t) == 3 for t in lp.top_logprobs), str(lp.top_logprobs))
+    check("greedy samples the best alternative",
+          all(abs(max(t.values()) - x) < 1e-4 for t, x in zip(lp.top_logprobs, lp.token_logprobs)))
+
+    # chat: top_logprobs alternatives, stream (role first, usage last), stop
+    msgs = [{"role": "user", "content": "hi"}]
+    cc = client.chat.completions.create(model=model, messages=msgs, max_tokens=6, temperature=0,
+                                        logprobs=True, top_logprobs=2,
+                                        extra_body={"ignore_eos": True})
+    content = cc.choices[0].logprobs.content
+    check("chat top_logprobs lists two", all(len(t.top_logprobs) == 2 for t in content))
+    check("chat greedy token is the best", all(t.top_logprobs[0].token == t.token for t in content))
+    whole_chat = cc.choices[0].message.content
+    chunks = list(client.chat.completions.create(model=model, messages=msgs, max_tokens=6,
+                                                 temperature=0, stream=True,
+                                                 stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True}))
+    for ch in chunks:
+        ChatCompletionChunk.model_validate(ch.model_dump())
+    check("chat stream opens with the role", chunks[0].choices[0].delta.role == "assistant")
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    check("chat streamed content equals the whole", streamed == whole_chat,
+          f"{streamed!r} vs {whole_chat!r}")
+    check("chat usage chunk last", chunks[-1].choices == [] and chunks[-1].usage is not None)
+    if len(whole_chat) > 2:
+        stop = whole_chat[1]
+        cc = client.chat.completions.create(model=model, messages=msgs, max_tokens=6,
+                                            temperature=0, stop=stop,
+                                            extra_body={"ignore_eos": True})
+        check("chat stop string", stop not in cc.choices[0].message.content
+              and cc.choices[0].finish_reason == "stop", str(cc.choices[0]))
 
     # errors map to the client's exceptions
     try:

@@ -196,6 +196,12 @@ impl Engine {
         })
     }
 
+    /// The output so far of a running request (resumed tokens first); `None` while it waits
+    /// or when it is unknown. For streaming the tokens of a step as they are sampled.
+    pub fn partial_output(&self, id: RequestId) -> Option<&Generated> {
+        self.running.iter().find(|r| r.req.id == id).map(|r| &r.out)
+    }
+
     /// Aborts everything, waiting and running, returning the partial outputs.
     pub fn abort_all(&mut self) -> Vec<Completion> {
         let ids: Vec<RequestId> = self

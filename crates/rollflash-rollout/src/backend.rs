@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 pub use rollflash_core::PauseMode;
-use rollflash_core::{GenOutput, GenRequest, PolicyVersion, RequestId};
+use rollflash_core::{GenOutput, GenRequest, Generated, PolicyVersion, RequestId};
 use rollflash_model::model::Transformer;
 
 /// New policy weights for a backend.
@@ -133,6 +133,14 @@ impl BackendError {
     }
 }
 
+/// The log-probs at one position of a scored sequence: of the token there, and of the most
+/// likely tokens (best first), all under `log_softmax(logits / temperature)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenScore {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
 /// Something that generates tokens with log-probs.
 ///
 /// Contract (checked by the conformance suite in `tests/it/conformance.rs` against every
@@ -162,6 +170,34 @@ pub trait Backend: Send + Sync {
     async fn load(&self) -> Result<BackendLoad, BackendError>;
     /// Ok when the backend can serve.
     async fn health(&self) -> Result<(), BackendError>;
+
+    /// As `generate`, and sends the new tokens (after any resumed part) to `tokens` as they
+    /// are sampled, in order; what the returned output holds beyond what was sent is sent by
+    /// nobody (the caller takes the tail from the output). The default sends nothing.
+    async fn generate_stream(
+        &self,
+        req: GenRequest,
+        tokens: tokio::sync::mpsc::UnboundedSender<Generated>,
+    ) -> Result<GenOutput, BackendError> {
+        drop(tokens);
+        self.generate(req).await
+    }
+
+    /// Scores `tokens` under the current weights: entry `i` is about `tokens[i + 1]` given
+    /// `tokens[..=i]`, with the `top` most likely alternatives (`temperature` > 0). Backends
+    /// that hold no model answer `Unsupported` (the default).
+    async fn score(
+        &self,
+        tokens: &[u32],
+        temperature: f64,
+        top: usize,
+    ) -> Result<Vec<TokenScore>, BackendError> {
+        let _ = (tokens, temperature, top);
+        Err(BackendError::Unsupported {
+            backend: self.name().to_string(),
+            what: "scoring token sequences (prompt log-probs, top log-prob alternatives)".into(),
+        })
+    }
 }
 
 /// An error and its sources on one line (`a: b: c`): wire messages and logs keep the cause

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use async_trait::async_trait;
-use rollflash_core::{FinishReason, GenOutput, GenRequest, PolicyVersion, RequestId};
+use rollflash_core::{FinishReason, GenOutput, GenRequest, Generated, PolicyVersion, RequestId};
 use rollflash_model::engine::{Completion, Engine, EngineConfig, EngineRequest};
 use rollflash_model::model::Transformer;
 use tokio::sync::oneshot;
 
-use crate::backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
+use crate::backend::{Backend, BackendError, BackendLoad, PauseMode, TokenScore, WeightUpdate};
 
 /// Settings of one engine worker.
 #[derive(Debug, Clone)]
@@ -25,11 +25,13 @@ pub struct EngineBackendConfig {
 }
 
 type Reply = oneshot::Sender<Result<GenOutput, BackendError>>;
+/// Where a streamed request's new tokens go.
+type Stream = tokio::sync::mpsc::UnboundedSender<Generated>;
 
 /// Messages to the worker thread. Each state change is acknowledged so callers know when it
 /// took effect (a pause that returned has stopped generation).
 enum Command {
-    Submit(Box<GenRequest>, Reply),
+    Submit(Box<GenRequest>, Reply, Option<Stream>),
     Abort(RequestId),
     Pause(PauseMode, oneshot::Sender<()>),
     Resume(oneshot::Sender<()>),
@@ -107,8 +109,48 @@ impl Backend for EngineBackend {
 
     async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Command::Submit(Box::new(req), tx))?;
+        self.send(Command::Submit(Box::new(req), tx, None))?;
         self.ack(rx).await?
+    }
+
+    async fn generate_stream(
+        &self,
+        req: GenRequest,
+        tokens: Stream,
+    ) -> Result<GenOutput, BackendError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Submit(Box::new(req), tx, Some(tokens)))?;
+        self.ack(rx).await?
+    }
+
+    async fn score(
+        &self,
+        tokens: &[u32],
+        temperature: f64,
+        top: usize,
+    ) -> Result<Vec<TokenScore>, BackendError> {
+        if !(temperature > 0.0) || tokens.is_empty() {
+            return Err(BackendError::InvalidRequest {
+                reason: format!(
+                    "scoring needs tokens and a positive temperature, got {} tokens at {temperature}",
+                    tokens.len()
+                ),
+                source: None,
+            });
+        }
+        let model = match self.current.lock() {
+            Ok(g) => Arc::clone(&g),
+            Err(p) => Arc::clone(&p.into_inner()),
+        };
+        let tokens = tokens.to_vec();
+        // A full forward: off the async runtime and off the worker.
+        tokio::task::spawn_blocking(move || score_rows(&model, &tokens, temperature, top))
+            .await
+            .map_err(|e| BackendError::Unavailable {
+                backend: self.name.clone(),
+                reason: "scoring task failed".into(),
+                source: Some(Box::new(e)),
+            })?
     }
 
     async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
@@ -170,10 +212,50 @@ impl Backend for EngineBackend {
     }
 }
 
+/// `log_softmax(logits / temperature)` of `model` over `tokens`: the token's log-prob and the
+/// `top` best alternatives for every position after the first.
+fn score_rows(
+    model: &Transformer,
+    tokens: &[u32],
+    temperature: f64,
+    top: usize,
+) -> Result<Vec<TokenScore>, BackendError> {
+    let logits = model.forward_logits(tokens)?;
+    let rows: Vec<Vec<f32>> = logits
+        .to_dtype(candle_core::DType::F32)
+        .and_then(|t| t.to_vec2())
+        .map_err(rollflash_model::ModelError::from)?;
+    let mut out = Vec::with_capacity(tokens.len().saturating_sub(1));
+    for (row, &next) in rows.iter().zip(&tokens[1..]) {
+        let scaled: Vec<f64> = row.iter().map(|&x| f64::from(x) / temperature).collect();
+        let max = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + scaled.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+        let lp = |i: usize| (scaled[i] - lse) as f32;
+        let mut best: Vec<usize> = (0..scaled.len()).collect();
+        let k = top.min(best.len());
+        if k > 0 {
+            best.select_nth_unstable_by(k - 1, |&a, &b| scaled[b].total_cmp(&scaled[a]));
+            best.truncate(k);
+            best.sort_by(|&a, &b| scaled[b].total_cmp(&scaled[a]).then(a.cmp(&b)));
+        } else {
+            best.clear();
+        }
+        out.push(TokenScore {
+            logprob: scaled
+                .get(next as usize)
+                .map_or(f32::NEG_INFINITY, |_| lp(next as usize)),
+            top: best.into_iter().map(|i| (i as u32, lp(i))).collect(),
+        });
+    }
+    Ok(out)
+}
+
 /// The worker thread's state: the engine and who is waiting for which request.
 struct Worker {
     engine: Engine,
     replies: HashMap<RequestId, (Reply, PolicyVersion)>,
+    /// Streamed requests: where their tokens go and how many were sent (resumed ones count).
+    streams: HashMap<RequestId, (Stream, usize)>,
     paused: bool,
 }
 
@@ -182,7 +264,30 @@ impl Worker {
         Worker {
             engine,
             replies: HashMap::new(),
+            streams: HashMap::new(),
             paused: false,
+        }
+    }
+
+    /// Sends streamed requests the tokens sampled since the last send.
+    fn stream_tokens(&mut self, sampled: &[(RequestId, u32)]) {
+        for (id, _) in sampled {
+            let Some((tx, sent)) = self.streams.get_mut(id) else {
+                continue;
+            };
+            let Some(out) = self.engine.partial_output(*id) else {
+                continue;
+            };
+            if out.len() > *sent {
+                let chunk = Generated {
+                    tokens: out.tokens[*sent..].to_vec(),
+                    logprobs: out.logprobs[*sent..].to_vec(),
+                    versions: out.versions[*sent..].to_vec(),
+                };
+                *sent = out.len();
+                // A receiver that went away only stops the stream, not the generation.
+                let _ = tx.send(chunk);
+            }
         }
     }
 
@@ -211,6 +316,9 @@ impl Worker {
             }
             match self.engine.step() {
                 Ok(out) => {
+                    if !self.streams.is_empty() {
+                        self.stream_tokens(&out.new_tokens);
+                    }
                     for c in out.finished {
                         self.finish(c);
                     }
@@ -220,6 +328,7 @@ impl Worker {
                     // They share the one error.
                     let e = Arc::new(e);
                     for c in self.engine.abort_all() {
+                        self.streams.remove(&c.id);
                         if let Some((reply, _)) = self.replies.remove(&c.id) {
                             let _ = reply.send(Err(BackendError::InvalidRequest {
                                 reason: "engine step failed".into(),
@@ -234,7 +343,7 @@ impl Worker {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit(req, reply) => {
+            Command::Submit(req, reply, stream) => {
                 let req = *req;
                 let id = req.id;
                 if self.replies.contains_key(&id) {
@@ -245,6 +354,7 @@ impl Worker {
                     return;
                 }
                 let start = req.start_version;
+                let resumed = req.resumed_len();
                 let er = EngineRequest {
                     id,
                     prompt: req.prompt,
@@ -254,6 +364,9 @@ impl Worker {
                 match self.engine.submit(er) {
                     Ok(()) => {
                         self.replies.insert(id, (reply, start));
+                        if let Some(tx) = stream {
+                            self.streams.insert(id, (tx, resumed));
+                        }
                     }
                     Err(e) => {
                         let _ = reply.send(Err(BackendError::InvalidRequest {
@@ -296,6 +409,7 @@ impl Worker {
     }
 
     fn finish(&mut self, c: Completion) {
+        self.streams.remove(&c.id);
         if let Some((reply, start_version)) = self.replies.remove(&c.id) {
             let _ = reply.send(Ok(GenOutput {
                 id: c.id,

@@ -11,11 +11,12 @@ pub mod instant;
 pub mod proxy;
 pub mod server;
 
-pub use backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
+pub use backend::{Backend, BackendError, BackendLoad, PauseMode, TokenScore, WeightUpdate};
 pub use engine_backend::{EngineBackend, EngineBackendConfig};
 pub use env_manager::{EnvFactory, EnvManager, EnvManagerConfig, GroupResult, Renderer};
 pub use http::{
-    ChatCompletion, HttpBackendConfig, OpenAiBackend, OpenAiConfig, SglangBackend, WeightHook,
+    ChatCompletion, HttpBackendConfig, OpenAiBackend, OpenAiConfig, SglangBackend, VllmBackend,
+    VllmPause, WeightHook,
 };
 pub use instant::InstantBackend;
 pub use proxy::{

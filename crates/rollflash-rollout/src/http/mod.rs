@@ -1,5 +1,6 @@
 //! HTTP client backends: [`SglangBackend`] for SGLang's native API (and `rollflash serve`),
-//! [`OpenAiBackend`] for OpenAI-compatible servers (vLLM, `rollflash serve`, others).
+//! [`VllmBackend`] for vLLM on its own RL routes, [`OpenAiBackend`] for OpenAI-compatible
+//! servers (`rollflash serve`, others).
 //!
 //! This module holds what both share: the connection settings ([`HttpBackendConfig`]), one
 //! `reqwest` client with bounded retries and exponential backoff, the mapping of transport
@@ -13,6 +14,7 @@
 
 mod openai;
 mod sglang;
+mod vllm;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +27,7 @@ use tokio::sync::Notify;
 
 pub use openai::{ChatCompletion, OpenAiBackend, OpenAiConfig, WeightHook};
 pub use sglang::SglangBackend;
+pub use vllm::{VllmBackend, VllmPause};
 
 use crate::backend::BackendError;
 

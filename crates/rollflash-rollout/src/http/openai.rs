@@ -3,8 +3,8 @@
 //!
 //! What is sent: `model`, `prompt` (the prompt ids, then any resumed tokens), `max_tokens`
 //! (what is left after the resumed tokens), `temperature`, `top_p`, `top_k` (when on),
-//! `seed`, `logprobs: 1`, and vLLM's extensions `stop_token_ids`, `ignore_eos` (only when
-//! there are no stop tokens, as for SGLang), `return_tokens_as_token_ids: true` and
+//! `seed`, `logprobs: 0` (the sampled token only), and vLLM's extensions `stop_token_ids`,
+//! `ignore_eos` (only when there are no stop tokens, as for SGLang), `return_tokens_as_token_ids: true` and
 //! `return_token_ids: true`; plus our `rollflash_resumed_len`. vLLM ignores fields it does not
 //! know (with a warning).
 //!
@@ -372,7 +372,7 @@ impl Backend for OpenAiBackend {
             "temperature": p.temperature,
             "top_p": p.top_p,
             "seed": request_seed(&req),
-            "logprobs": 1,
+            "logprobs": 0,
             "return_tokens_as_token_ids": true,
             "return_token_ids": true,
         });

@@ -11,6 +11,7 @@
 
 mod openai;
 mod sglang;
+mod text;
 
 pub(crate) use sglang::parse_version;
 
@@ -310,9 +311,23 @@ impl Shared {
     pub(crate) async fn generate(
         self: &Arc<Self>,
         input_ids: Vec<u32>,
+        params: SamplingParams,
+        rid: Option<String>,
+        resumed_len: usize,
+    ) -> Result<GenOutput, ApiError> {
+        self.generate_watched(input_ids, params, rid, resumed_len, None)
+            .await
+    }
+
+    /// As [`Shared::generate`], with the new tokens sent to `watch` as they are sampled (when
+    /// the backend streams) and the generation aborted when `watch.stop` is notified.
+    pub(crate) async fn generate_watched(
+        self: &Arc<Self>,
+        input_ids: Vec<u32>,
         mut params: SamplingParams,
         rid: Option<String>,
         resumed_len: usize,
+        watch: Option<Watch>,
     ) -> Result<GenOutput, ApiError> {
         if resumed_len >= input_ids.len() && resumed_len > 0 {
             return Err(ApiError::bad_request(format!(
@@ -344,7 +359,22 @@ impl Shared {
             resume,
         };
         tracing::debug!(%id, prompt_len = req.prompt.len(), resumed_len, "generate");
-        let result = self.backend.generate(req).await;
+        let result = match watch {
+            None => self.backend.generate(req).await,
+            Some(w) => {
+                let call = self.backend.generate_stream(req, w.tokens);
+                tokio::pin!(call);
+                tokio::select! {
+                    r = call.as_mut() => r,
+                    _ = w.stop.notified() => {
+                        if let Err(e) = self.backend.abort(id).await {
+                            tracing::warn!(%id, "abort after a stop string failed: {}", error_chain(&e));
+                        }
+                        call.await
+                    }
+                }
+            }
+        };
         guard.done = true;
         drop(guard);
         let mut out = result.map_err(|e| ApiError::from_backend(&e))?;
@@ -448,6 +478,13 @@ impl Shared {
             }
         }
     }
+}
+
+/// How a caller watches a generation: its new tokens as they come, and a signal to end it.
+pub(crate) struct Watch {
+    pub(crate) tokens: mpsc::UnboundedSender<Generated>,
+    /// Notified once to abort the generation (a stop string matched).
+    pub(crate) stop: Arc<tokio::sync::Notify>,
 }
 
 /// Keeps a generation in the registry while its HTTP request is open. Dropped without

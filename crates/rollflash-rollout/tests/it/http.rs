@@ -848,7 +848,11 @@ async fn openai_routes_answer_in_openai_shapes() {
         assert_eq!(lp["tokens"].as_array().unwrap().len(), 4);
         assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 4);
         assert_eq!(lp["text_offset"].as_array().unwrap().len(), 4);
-        assert!(lp["top_logprobs"].is_null());
+        // The sampled token and one alternative (one entry when they are the same token).
+        for top in lp["top_logprobs"].as_array().unwrap() {
+            let n = top.as_object().unwrap().len();
+            assert!((1..=2).contains(&n), "{top}");
+        }
         assert_eq!(c["finish_reason"], "length");
         assert_eq!(c["rollflash"]["output_ids"].as_array().unwrap().len(), 4);
     }
@@ -892,14 +896,15 @@ async fn openai_routes_answer_in_openai_shapes() {
     .await;
     assert_eq!(s, 404);
     assert!(error_message(&v).contains("gpt-4"), "{v}");
-    let (s, _) = post_raw(
+    let (s, v) = post_raw(
         &server,
         "/v1/completions",
-        r#"{"prompt": "x", "stream": true}"#,
+        r#"{"prompt": "x", "stop": [""]}"#,
         None,
     )
     .await;
     assert_eq!(s, 400);
+    assert!(error_message(&v).contains("stop"), "{v}");
 
     // The backend's chat method.
     let oai = openai_client(&server);
@@ -1019,4 +1024,175 @@ async fn a_request_the_engine_refuses_keeps_the_engine_error() {
     assert!(!e.is_retryable());
     let source = std::error::Error::source(&e).unwrap_or_else(|| panic!("no source: {e:?}"));
     assert!(source.is::<rollflash_model::ModelError>(), "{source:?}");
+}
+
+/// The `data:` payloads of a server-sent event stream, `[DONE]` last.
+async fn sse(server: &TestServer, route: &str, body: Value) -> Vec<String> {
+    let resp = reqwest::Client::new()
+        .post(format!("{}{route}", server.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let ctype = resp.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(ctype.starts_with("text/event-stream"), "{ctype}");
+    let text = resp.text().await.unwrap();
+    let data: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{text}");
+    data
+}
+
+fn chunks(data: &[String]) -> Vec<Value> {
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+async fn post_json(server: &TestServer, route: &str, body: Value) -> Value {
+    let (s, v) = post_raw(server, route, &body.to_string(), None).await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+/// What harnesses and agent frameworks send: streaming (both routes, with a usage chunk),
+/// stop strings, echo with prompt log-probs, and top log-prob alternatives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_routes_stream_stop_echo_and_list_alternatives() {
+    let server = start_test_server(engine(7)).await;
+    let base = json!({"prompt": "1+1=", "max_tokens": 12, "temperature": 0, "ignore_eos": true});
+    let whole = post_json(&server, "/v1/completions", base.clone()).await;
+    let text = whole["choices"][0]["text"].as_str().unwrap().to_string();
+    let ids = whole["choices"][0]["rollflash"]["output_ids"].clone();
+
+    // Streaming completions: the same text, a finish reason, a usage chunk, [DONE].
+    let mut body = base.clone();
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    body["return_token_ids"] = json!(true);
+    let cs = chunks(&sse(&server, "/v1/completions", body).await);
+    let usage = cs.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 12);
+    let mut streamed = String::new();
+    let mut streamed_ids = Vec::new();
+    for c in &cs[..cs.len() - 1] {
+        assert_eq!(c["object"], "text_completion");
+        streamed.push_str(c["choices"][0]["text"].as_str().unwrap());
+        streamed_ids.extend(c["choices"][0]["token_ids"].as_array().unwrap().clone());
+    }
+    assert_eq!(streamed, text);
+    assert_eq!(json!(streamed_ids), ids);
+    assert_eq!(cs[cs.len() - 2]["choices"][0]["finish_reason"], "length");
+
+    // Streaming chat: the role first, then content, the finish reason last.
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+        "temperature": 0, "ignore_eos": true});
+    let whole_chat = post_json(&server, "/v1/chat/completions", chat.clone()).await;
+    let mut body = chat.clone();
+    body["stream"] = json!(true);
+    let cs = chunks(&sse(&server, "/v1/chat/completions", body).await);
+    assert_eq!(cs[0]["object"], "chat.completion.chunk");
+    assert_eq!(cs[0]["choices"][0]["delta"]["role"], "assistant");
+    let content: String = cs
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, whole_chat["choices"][0]["message"]["content"]);
+    assert_eq!(cs.last().unwrap()["choices"][0]["finish_reason"], "length");
+
+    // Stop strings: cut before the earliest match, finish "stop", the string as stop_reason;
+    // streamed or not, and kept with include_stop_str_in_output.
+    let chars: Vec<char> = text.chars().collect();
+    let (at, stop) = (2..chars.len() - 1)
+        .map(|p| (p, chars[p..p + 2].iter().collect::<String>()))
+        .find(|(p, s)| text.find(s.as_str()) == Some(text.char_indices().nth(*p).unwrap().0))
+        .expect("a two-character stop string in the greedy text");
+    let before: String = chars[..at].iter().collect();
+    let mut body = base.clone();
+    body["stop"] = json!([stop, "never-generated"]);
+    let v = post_json(&server, "/v1/completions", body.clone()).await;
+    let c = &v["choices"][0];
+    assert_eq!(c["text"], json!(before));
+    assert_eq!(c["finish_reason"], "stop");
+    assert_eq!(c["stop_reason"], json!(stop));
+    body["stream"] = json!(true);
+    let cs = chunks(&sse(&server, "/v1/completions", body.clone()).await);
+    let streamed: String = cs
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(streamed, before);
+    assert_eq!(cs.last().unwrap()["choices"][0]["finish_reason"], "stop");
+    body["stream"] = json!(false);
+    body["include_stop_str_in_output"] = json!(true);
+    let v = post_json(&server, "/v1/completions", body).await;
+    assert_eq!(v["choices"][0]["text"], json!(format!("{before}{stop}")));
+    let mut chat_stop = chat.clone();
+    let chat_text = whole_chat["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap();
+    let first: String = chat_text.chars().skip(1).take(1).collect();
+    chat_stop["stop"] = json!(first);
+    let v = post_json(&server, "/v1/chat/completions", chat_stop).await;
+    let got = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        !got.contains(first.as_str()),
+        "{got:?} still holds {first:?}"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    // Echo: the prompt's text first; with logprobs, prompt log-probs (the first is null).
+    let mut body = base.clone();
+    body["echo"] = json!(true);
+    body["max_tokens"] = json!(3);
+    body["logprobs"] = json!(0);
+    let v = post_json(&server, "/v1/completions", body.clone()).await;
+    let c = &v["choices"][0];
+    let prompt_len = v["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    assert!(c["text"].as_str().unwrap().starts_with("1+1="), "{c}");
+    let lps = c["logprobs"]["token_logprobs"].as_array().unwrap();
+    assert_eq!(lps.len(), prompt_len + 3);
+    assert!(lps[0].is_null());
+    assert!(lps[1..]
+        .iter()
+        .all(|x| x.as_f64().is_some_and(|x| x <= 0.0)));
+    body["max_tokens"] = json!(0);
+    let v = post_json(&server, "/v1/completions", body).await;
+    assert!(v["choices"][0]["text"].as_str().unwrap().ends_with("1+1="));
+    assert_eq!(v["usage"]["completion_tokens"], 0);
+
+    // Alternatives: `logprobs: 3` lists the three most likely (greedy: the sampled one is the
+    // best, with the same log-prob), `top_logprobs: 2` on chat.
+    let mut body = base.clone();
+    body["logprobs"] = json!(3);
+    body["max_tokens"] = json!(4);
+    let v = post_json(&server, "/v1/completions", body).await;
+    let lp = &v["choices"][0]["logprobs"];
+    for (j, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
+        let top = top.as_object().unwrap();
+        assert_eq!(top.len(), 3, "{top:?}");
+        let best = top
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        let sampled = lp["token_logprobs"][j].as_f64().unwrap();
+        assert!((best - sampled).abs() < 1e-4, "{best} vs {sampled}");
+    }
+    let mut body = chat.clone();
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(2);
+    let v = post_json(&server, "/v1/chat/completions", body).await;
+    for e in v["choices"][0]["logprobs"]["content"].as_array().unwrap() {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        assert_eq!(top[0]["token"], e["token"], "greedy samples the best token");
+        assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64());
+    }
+    server.stop().await.unwrap();
 }

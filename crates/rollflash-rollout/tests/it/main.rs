@@ -1,4 +1,5 @@
-//! Integration tests of `rollflash-rollout`: backends (conformance), proxy, HTTP, EnvManager.
+//! Integration tests of `rollflash-rollout`: backends (conformance), proxy, HTTP, EnvManager,
+//! and `VllmBackend` against a real vLLM server.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -11,3 +12,4 @@ mod fuzz_http;
 mod http;
 mod paths;
 mod proxy;
+mod vllm;
