@@ -19,7 +19,7 @@ pub use http::{
 };
 pub use instant::InstantBackend;
 pub use proxy::{
-    BackendEntry, LlmProxy, ProxyConfig, ProxyError, ProxyHandle, ProxyMetrics, Replication,
-    SyncTimings, DEFAULT_REQUEST_TIMEOUT,
+    BackendEntry, BackendSync, LlmProxy, ProxyConfig, ProxyError, ProxyHandle, ProxyMetrics,
+    Replication, SyncTimings, DEFAULT_REQUEST_TIMEOUT, DEFAULT_UPDATE_TIMEOUT,
 };
 pub use server::{serve, ServerConfig, ServerError, ServerState, WeightsAccess};
