@@ -11,3 +11,4 @@ mod fuzz_http;
 mod http;
 mod paths;
 mod proxy;
+mod publish;
