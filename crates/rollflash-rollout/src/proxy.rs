@@ -25,7 +25,7 @@ use rollflash_core::proxy::{
     ProxySchedConfig, ProxyScheduler, RoutingPolicy,
 };
 use rollflash_core::{FinishReason, GenOutput, GenRequest, PauseMode, PolicyVersion, RequestId};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -212,6 +212,8 @@ pub struct ProxyHandle {
     groups: Arc<AtomicU64>,
     backends: Arc<Vec<Arc<dyn Backend>>>,
     weights: Arc<Publication>,
+    /// Whether some backend is in rotation (up, at the newest weights), kept by the task.
+    serving: watch::Receiver<bool>,
 }
 
 /// The latest published weights, and one lock per backend that every weight update to it
@@ -319,7 +321,9 @@ impl LlmProxy {
             timeout: cfg.update_timeout,
         });
         let (tx, rx) = mpsc::unbounded_channel();
+        let (serving_tx, serving_rx) = watch::channel(!list.is_empty());
         let state = ProxyTask {
+            serving: serving_tx,
             weights: Arc::clone(&weights),
             sched,
             backends: Arc::clone(&list),
@@ -340,6 +344,7 @@ impl LlmProxy {
                 groups: Arc::new(AtomicU64::new(1)),
                 backends: list,
                 weights,
+                serving: serving_rx,
             },
             task,
         }
@@ -378,6 +383,13 @@ impl ProxyHandle {
     /// The backends behind the proxy, in id order.
     pub fn backends(&self) -> &[Arc<dyn Backend>] {
         &self.backends
+    }
+
+    /// Whether some backend is in rotation — up and holding the newest weights — as it
+    /// changes: `false` when every server went down or failed its last update (nothing can
+    /// generate until one is caught up), `true` again when one rejoins.
+    pub fn serving(&self) -> watch::Receiver<bool> {
+        self.serving.clone()
     }
 
     /// Generates one request (its `id` must be unique among live requests: use
@@ -571,6 +583,8 @@ struct ProxyTask {
     probing: Vec<bool>,
     probe_interval: Duration,
     actions: Vec<ProxyAction>,
+    /// Published after every message: whether some backend is in rotation.
+    serving: watch::Sender<bool>,
 }
 
 impl ProxyTask {
@@ -592,6 +606,7 @@ impl ProxyTask {
                 msg = rx.recv() => msg,
                 () = &mut timer, if armed.is_some() => {
                     self.tick();
+                    self.publish_serving();
                     // Re-arm even if the earliest deadline did not move: the timer has fired.
                     armed = None;
                     continue;
@@ -606,8 +621,19 @@ impl ProxyTask {
                 return;
             }
             self.handle(msg);
+            self.publish_serving();
         }
         self.tasks.shutdown().await;
+    }
+
+    /// Tells watchers whether some backend is in rotation, when that changed.
+    fn publish_serving(&self) {
+        let now = (0..self.backends.len()).any(|i| self.sched.is_healthy(BackendId(i)));
+        self.serving.send_if_modified(|s| {
+            let changed = *s != now;
+            *s = now;
+            changed
+        });
     }
 
     /// The earliest deadline passed: the scheduler expires what is overdue. Its cancels are

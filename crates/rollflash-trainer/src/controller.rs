@@ -431,6 +431,10 @@ impl<L: Learner> AsyncController<L> {
         let stop = self.stop.clone().unwrap_or_default();
         core.handle(clock(), CoreEvent::Tick, &mut out);
         todo.extend(out.drain(..));
+        // Whether some backend is in rotation, as the proxy sees it change: the whole fleet
+        // going down between syncs starts the same serve deadline as a sync nobody loaded.
+        let mut fleet = self.proxy.serving();
+        let mut fleet_open = true;
 
         'run: loop {
             while let Some(action) = todo.pop_front() {
@@ -562,6 +566,21 @@ impl<L: Learner> AsyncController<L> {
                         }
                     }
                 }
+                changed = fleet.changed(), if fleet_open => match changed {
+                    Ok(()) if *fleet.borrow_and_update() => CoreEvent::Serving,
+                    Ok(()) => {
+                        tracing::error!(
+                            waiting_s = self.cfg.serve_timeout.as_secs_f64(),
+                            "no backend is in rotation (every server down or behind on weights): \
+                             waiting for one to come back, then stopping with a checkpoint"
+                        );
+                        CoreEvent::Unserved
+                    }
+                    Err(_) => {
+                        fleet_open = false;
+                        CoreEvent::Tick
+                    }
+                },
                 _ = sleep_until(probe), if probe.is_some() => {
                     if self.serving().await { CoreEvent::Serving } else { CoreEvent::Tick }
                 }
@@ -609,19 +628,14 @@ impl<L: Learner> AsyncController<L> {
     /// holds the new version. A backend that fails leaves rotation (the proxy catches it up
     /// later); the run goes on with the rest.
     async fn sync(&self, update: &WeightUpdate) -> (SyncTimings, bool) {
-        let t0 = Instant::now();
         match self.proxy.sync_weights(update, self.cfg.pause_mode).await {
             Ok(t) => (t, true),
-            Err(ProxyError::Sync { failed, .. }) => {
+            Err(ProxyError::Sync {
+                failed, timings, ..
+            }) => {
                 let serving = failed.len() < self.proxy.backends().len();
                 tracing::warn!(?failed, serving, "weight sync incomplete");
-                (
-                    SyncTimings {
-                        update: t0.elapsed(),
-                        ..Default::default()
-                    },
-                    serving,
-                )
+                (timings, serving)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "weight sync failed");
