@@ -223,15 +223,17 @@ impl Backend for DiskWeights {
 }
 
 /// A remote backend that keeps its own weights (`weights = "none"`: a frozen judge, a
-/// fixed-policy evaluation): every update is refused, so after the first weight sync of a
-/// training run it leaves rotation rather than serve tokens of an older policy.
+/// fixed-policy evaluation), declared to be version `serves`: an update to that version is
+/// accepted without loading anything, every other is refused, so after the first weight sync
+/// of a training run it leaves rotation rather than serve tokens of an older policy.
 pub struct FixedWeights {
     inner: Arc<dyn Backend>,
+    serves: PolicyVersion,
 }
 
 impl FixedWeights {
-    pub fn new(inner: Arc<dyn Backend>) -> Self {
-        FixedWeights { inner }
+    pub fn new(inner: Arc<dyn Backend>, serves: PolicyVersion) -> Self {
+        FixedWeights { inner, serves }
     }
 }
 
@@ -252,7 +254,10 @@ impl Backend for FixedWeights {
     async fn resume(&self) -> Result<(), BackendError> {
         self.inner.resume().await
     }
-    async fn update_weights(&self, _: &WeightUpdate) -> Result<(), BackendError> {
+    async fn update_weights(&self, update: &WeightUpdate) -> Result<(), BackendError> {
+        if update.version() == self.serves {
+            return Ok(());
+        }
         Err(BackendError::Unsupported {
             backend: self.inner.name().to_string(),
             what: "weight updates (configured with weights = \"none\")".into(),

@@ -214,6 +214,8 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         .as_ref()
         .map_or(PolicyVersion(0), |r| r.state.cursor.version);
     let rollout = Stack::build(&plan, &policy, &model, start_version)?;
+    // Every server checked and given the starting weights before anything is generated.
+    rollout.connect(&policy).await?;
     let threshold = plan.success_threshold;
 
     let eval_before = match &resumed {
@@ -492,6 +494,7 @@ pub async fn evaluate_checkpoint(
     let policy = Policy::from_checkpoint(&plan, dir)?;
     let model = policy.trainable(&plan)?;
     let rollout = Stack::build(&plan, &policy, &model, PolicyVersion(0))?;
+    rollout.connect(&policy).await?;
     let out = evaluate(
         &rollout.eval_envs,
         &rollout.eval_make,

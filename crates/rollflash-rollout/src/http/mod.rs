@@ -311,7 +311,9 @@ pub async fn probe_server(
 pub(crate) async fn served_version(http: &HttpClient) -> Result<PolicyVersion, BackendError> {
     let (route, answer) = match http.get("/get_weight_version").await {
         Ok(v) => ("/get_weight_version", v),
-        Err(BackendError::Unsupported { .. }) => ("/get_model_info", http.get("/get_model_info").await?),
+        Err(BackendError::Unsupported { .. }) => {
+            ("/get_model_info", http.get("/get_model_info").await?)
+        }
         Err(e) => return Err(e),
     };
     answer

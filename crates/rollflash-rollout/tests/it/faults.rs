@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rollflash_core::proxy::RoundRobin;
-use rollflash_core::{GenOutput, GenRequest, PauseMode, PolicyVersion, SamplingParams};
 use rollflash_core::RequestId;
+use rollflash_core::{GenOutput, GenRequest, PauseMode, PolicyVersion, SamplingParams};
 use rollflash_rollout::{
     Backend, BackendEntry, BackendError, BackendLoad, InstantBackend, LlmProxy, ProxyConfig,
     ProxyError, ProxyHandle, WeightUpdate,

@@ -103,8 +103,14 @@ async fn each_version_is_one_loadable_directory_and_old_ones_are_pruned() {
 }
 
 #[tokio::test]
-async fn a_fixed_weights_server_refuses_every_update() {
-    let b = FixedWeights::new(Arc::new(InstantBackend::new("judge")));
+async fn a_fixed_weights_server_takes_only_the_version_it_serves() {
+    let b = FixedWeights::new(Arc::new(InstantBackend::new("judge")), PolicyVersion(0));
+    b.update_weights(&WeightUpdate::Disk {
+        path: "x".into(),
+        version: PolicyVersion(0),
+    })
+    .await
+    .unwrap();
     let e = b
         .update_weights(&WeightUpdate::Disk {
             path: "x".into(),
