@@ -225,6 +225,10 @@ struct Publication {
     locks: Vec<tokio::sync::Mutex<()>>,
     /// Bound on one backend's update ([`ProxyConfig::update_timeout`]).
     timeout: Duration,
+    /// Per backend: it failed a call and is being probed back in. A sync skips it (its
+    /// probe gives it the latest weights before it rejoins), so a dead server costs a sync
+    /// nothing rather than its connection retries every time.
+    down: Vec<std::sync::atomic::AtomicBool>,
 }
 
 impl Publication {
@@ -233,6 +237,16 @@ impl Publication {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    fn is_down(&self, i: usize) -> bool {
+        self.down.get(i).is_some_and(|d| d.load(Ordering::SeqCst))
+    }
+
+    fn set_down(&self, i: usize, down: bool) {
+        if let Some(d) = self.down.get(i) {
+            d.store(down, Ordering::SeqCst);
+        }
     }
 
     fn publish(&self, update: &WeightUpdate) {
@@ -319,6 +333,10 @@ impl LlmProxy {
             latest: std::sync::Mutex::new(None),
             locks: list.iter().map(|_| tokio::sync::Mutex::new(())).collect(),
             timeout: cfg.update_timeout,
+            down: list
+                .iter()
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let (serving_tx, serving_rx) = watch::channel(!list.is_empty());
@@ -501,6 +519,16 @@ impl ProxyHandle {
         let results = futures::future::join_all(self.backends.iter().enumerate().map(|(i, b)| {
             let started = Instant::now();
             async move {
+                if self.weights.is_down(i) {
+                    let skipped = Err(BackendError::Unavailable {
+                        backend: b.name().to_string(),
+                        reason: "down (being probed); it is given these weights when it is \
+                                 back"
+                            .into(),
+                        source: None,
+                    });
+                    return (skipped, Duration::ZERO);
+                }
                 let r = self.weights.update(i, b.as_ref(), update, &self.tx).await;
                 (r, started.elapsed())
             }
@@ -763,6 +791,7 @@ impl ProxyTask {
                 if let Some(p) = self.probing.get_mut(b.0) {
                     *p = false;
                 }
+                self.weights.set_down(b.0, false);
                 self.feed(ProxyEvent::BackendUp { backend: b });
             }
             Msg::Metrics(reply) => {
@@ -828,6 +857,7 @@ impl ProxyTask {
                             reason: e.to_string(),
                         },
                     });
+                    self.weights.set_down(backend.0, true);
                     self.feed(ProxyEvent::BackendDown { backend });
                     self.start_probe(backend);
                     return;
