@@ -78,11 +78,11 @@ pub enum PipelineError {
     Stack(#[from] crate::stack::StackError),
     #[error(transparent)]
     Warmup(crate::warmup::WarmupError),
-    /// After a weight sync no backend served the new weights within
-    /// `controller.serve_timeout_secs`; the run stopped with a checkpoint of where it was.
+    /// After a weight sync no backend served the new weights, or every backend went down,
+    /// for `controller.serve_timeout_secs`; the run stopped with a checkpoint of where it was.
     #[error(
-        "no rollout backend serves policy {version} {waited_s:.0} s after its weight sync \
-         (controller.serve_timeout_secs); stopped with a checkpoint at {}",
+        "no rollout backend has served policy {version} for {waited_s:.0} s (every one failed \
+         to load it or went down; controller.serve_timeout_secs); stopped with a checkpoint at {}",
         checkpoint.display()
     )]
     Stalled {

@@ -160,10 +160,11 @@ pub enum ControllerError {
     Config(#[from] BufferConfigError),
     #[error("training task panicked: {0}")]
     Panicked(String),
-    /// After a weight sync no backend served the new weights within the configured time.
+    /// No backend served the current weights for the configured time: every one failed to
+    /// load them, or every one went down.
     #[error(
-        "no backend serves policy {version} {:.0} s after its weight sync \
-         (controller.serve_timeout_secs); every backend failed to load it",
+        "no backend has served policy {version} for {:.0} s \
+         (controller.serve_timeout_secs): every backend failed to load it or went down",
         waited.as_secs_f64()
     )]
     Stalled {

@@ -6,9 +6,11 @@
 //! finishes on the other. Checked from what the run writes and what the server says:
 //! accounting balanced at every step, every trained sample counted once (the per-step
 //! samples add up to the cumulative `trained`), staleness never above ⌈α⌉, the survivor at
-//! the final version; and a server that is down at start is named in the refusal.
+//! the final version. A server that is down at start is named in the refusal; a fleet that
+//! all goes down mid-run stops the run after `controller.serve_timeout_secs` with a
+//! checkpoint and a message, not a hang.
 //!
-//! About 20 s on a quiet 2-core machine (two servers and the trainer share it).
+//! About 25 s on a quiet 2-core machine (two servers and the trainer share it).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -81,6 +83,10 @@ fn write_config(dir: &Path, servers: &[(&str, &str)]) -> std::path::PathBuf {
 }
 
 fn train(dir: &Path, config: &Path) -> Child {
+    train_with(dir, config, &[])
+}
+
+fn train_with(dir: &Path, config: &Path, extra: &[&str]) -> Child {
     let mut sets = crate::util::tiny_lake_sets(dir);
     sets.extend([
         "seed=3".into(),
@@ -90,6 +96,7 @@ fn train(dir: &Path, config: &Path) -> Child {
         "controller.serve_timeout_secs=20".into(),
         "metrics.report=false".into(),
     ]);
+    sets.extend(extra.iter().map(|s| s.to_string()));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollflash"));
     cmd.arg("train").arg("--config").arg(config);
     for s in sets {
@@ -178,7 +185,10 @@ fn a_run_on_two_servers_survives_losing_one_and_ends_with_the_other_at_the_final
                 std::fs::read_to_string(dir.join("train.err")).unwrap_or_default()
             );
         }
-        assert!(t.elapsed() < Duration::from_secs(60), "no step {KILL_AFTER} within 60 s");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no step {KILL_AFTER} within 60 s"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(
@@ -209,8 +219,15 @@ fn a_run_on_two_servers_survives_losing_one_and_ends_with_the_other_at_the_final
             "step {i}: accounting unbalanced: {s}"
         );
         trained += n("samples");
-        assert_eq!(n("trained"), trained, "step {i}: a sample counted twice or lost");
-        assert!(n("staleness_max") <= 1, "step {i}: staleness above ⌈α⌉ = 1: {s}");
+        assert_eq!(
+            n("trained"),
+            trained,
+            "step {i}: a sample counted twice or lost"
+        );
+        assert!(
+            n("staleness_max") <= 1,
+            "step {i}: staleness above ⌈α⌉ = 1: {s}"
+        );
         if i < KILL_AFTER {
             let by = s["weight_sync_ms_by_backend"]
                 .as_object()
@@ -227,13 +244,7 @@ fn a_run_on_two_servers_survives_losing_one_and_ends_with_the_other_at_the_final
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     kept.sort();
-    assert_eq!(
-        kept,
-        [
-            format!("v{:08}", STEPS - 1),
-            format!("v{STEPS:08}")
-        ]
-    );
+    assert_eq!(kept, [format!("v{:08}", STEPS - 1), format!("v{STEPS:08}")]);
 }
 
 #[test]
@@ -255,5 +266,54 @@ fn a_server_that_is_down_at_start_is_named() {
     assert!(
         err.contains(&url) && err.contains("is down"),
         "the refusal names the server: {err}"
+    );
+}
+
+#[test]
+fn a_fleet_that_all_goes_down_stops_the_run_with_a_checkpoint_after_the_serve_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let published = dir.join("published");
+    std::fs::create_dir_all(&published).unwrap();
+    let mut only = serve(&published, &dir.join("serve.err"));
+    let config = write_config(dir, &[("rollflash", &only.url)]);
+    let mut run = train_with(
+        dir,
+        &config,
+        &["train.steps=50", "controller.serve_timeout_secs=3"],
+    );
+    let t = Instant::now();
+    while metrics(dir).is_empty() {
+        assert!(run.try_wait().unwrap().is_none(), "the run ended early");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no first step within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    only.child.kill().unwrap();
+    only.child.wait().unwrap();
+    let killed = Instant::now();
+    let status = wait_exit(&mut run, Duration::from_secs(60), dir);
+    let waited = killed.elapsed();
+    let err = std::fs::read_to_string(dir.join("train.err")).unwrap_or_default();
+    assert!(
+        !status.success(),
+        "a run with no backend left cannot succeed"
+    );
+    assert!(
+        err.contains("no rollout backend has served policy") && err.contains("checkpoint"),
+        "the message says why it stopped: {err}"
+    );
+    assert!(
+        waited < Duration::from_secs(30),
+        "stopped {waited:?} after the kill"
+    );
+    let ckpts: Vec<_> = std::fs::read_dir(dir.join("checkpoints"))
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(
+        ckpts.iter().any(|c| c.join("state.json").exists()),
+        "a resumable checkpoint of where it stopped ({ckpts:?}): {err}"
     );
 }
