@@ -41,12 +41,13 @@ pub enum ProxyError {
     #[error("the proxy is shut down")]
     Shutdown,
     /// A weight sync failed (or ran past its deadline) on some backends (they left
-    /// rotation); `timings` are the sync's, per backend included.
+    /// rotation); `timings` are the sync's, per backend included (boxed: keeps every
+    /// `Result<_, ProxyError>` small).
     #[error("weight sync to version {version} failed on {failed:?}")]
     Sync {
         version: rollflash_core::PolicyVersion,
         failed: Vec<String>,
-        timings: SyncTimings,
+        timings: Box<SyncTimings>,
     },
 }
 
@@ -569,7 +570,7 @@ impl ProxyHandle {
             Err(ProxyError::Sync {
                 version: update.version(),
                 failed,
-                timings,
+                timings: Box::new(timings),
             })
         }
     }

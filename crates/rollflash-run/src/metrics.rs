@@ -78,7 +78,7 @@ pub fn step_json(s: &StepRecord, elapsed_offset_s: f64) -> Value {
             .backends
             .iter()
             .map(|b| {
-                let ms = b.loaded.then(|| b.took.as_secs_f64() * 1e3);
+                let ms = b.loaded.then_some(b.took.as_secs_f64() * 1e3);
                 (b.name.clone(), json!(ms))
             })
             .collect();

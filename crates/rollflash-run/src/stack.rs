@@ -44,8 +44,9 @@ pub enum StackError {
     #[error("rollout.renderer = \"chat\" needs a model directory with a chat template")]
     NoChatTemplate,
     /// The directory weights are published to cannot be prepared.
+    /// Boxed: keeps `StackError` (and every error that wraps it) small.
     #[error("rollout.weights_dir: {0}")]
-    Publish(#[from] rollflash_rollout::PublishError),
+    Publish(#[source] Box<rollflash_rollout::PublishError>),
     /// A rollout server failed a start-up check (down, or serving another model).
     #[error("rollout server {url} {problem}")]
     Server { url: String, problem: String },
@@ -58,8 +59,9 @@ pub enum StackError {
         version: PolicyVersion,
         failed: Vec<String>,
     },
+    /// Boxed: keeps `StackError` (and every error that wraps it) small.
     #[error("proxy: {0}")]
-    Proxy(#[source] ProxyError),
+    Proxy(#[source] Box<ProxyError>),
 }
 
 /// The policy a run starts from, and how its conversations become tokens.
@@ -293,12 +295,15 @@ impl Stack {
     ) -> Result<Stack, StackError> {
         let snapshot = Arc::new(model.snapshot()?);
         let publisher = match &plan.weights_dir {
-            Some(dir) => Some(Arc::new(WeightPublisher::new(
-                dir.clone(),
-                PUBLISHED_KEPT,
-                policy.model_cfg.clone(),
-                Some(Arc::clone(&policy.tokenizer)),
-            )?)),
+            Some(dir) => Some(Arc::new(
+                WeightPublisher::new(
+                    dir.clone(),
+                    PUBLISHED_KEPT,
+                    policy.model_cfg.clone(),
+                    Some(Arc::clone(&policy.tokenizer)),
+                )
+                .map_err(|e| StackError::Publish(Box::new(e)))?,
+            )),
             None => None,
         };
         let mut backends = Vec::with_capacity(plan.backends.len());
@@ -446,7 +451,7 @@ impl Stack {
                 version: self.fleet.version,
                 failed,
             }),
-            Err(e) => Err(StackError::Proxy(e)),
+            Err(e) => Err(StackError::Proxy(Box::new(e))),
         }
     }
 }

@@ -636,7 +636,7 @@ impl<L: Learner> AsyncController<L> {
             }) => {
                 let serving = failed.len() < self.proxy.backends().len();
                 tracing::warn!(?failed, serving, "weight sync incomplete");
-                (timings, serving)
+                (*timings, serving)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "weight sync failed");

@@ -296,6 +296,7 @@ fn a_fleet_that_all_goes_down_stops_the_run_with_a_checkpoint_after_the_serve_ti
     let killed = Instant::now();
     let status = wait_exit(&mut run, Duration::from_secs(60), dir);
     let waited = killed.elapsed();
+    eprintln!("stopped {waited:?} after the last server was killed");
     let err = std::fs::read_to_string(dir.join("train.err")).unwrap_or_default();
     assert!(
         !status.success(),
