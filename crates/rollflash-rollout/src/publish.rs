@@ -67,8 +67,9 @@ impl std::fmt::Debug for WeightPublisher {
 }
 
 impl WeightPublisher {
-    /// A publisher writing under `root` (created if missing), keeping the newest `keep`
-    /// versions (at least one).
+    /// A publisher writing under `root` (created if missing, then made absolute: the paths
+    /// sent to servers must not depend on their working directory), keeping the newest
+    /// `keep` versions (at least one).
     pub fn new(
         root: impl Into<PathBuf>,
         keep: usize,
@@ -76,10 +77,14 @@ impl WeightPublisher {
         tokenizer: Option<Arc<Tokenizer>>,
     ) -> Result<Self, PublishError> {
         let root = root.into();
-        std::fs::create_dir_all(&root).map_err(|source| PublishError::Io {
+        let io = |source| PublishError::Io {
             path: root.clone(),
             source,
-        })?;
+        };
+        std::fs::create_dir_all(&root).map_err(io)?;
+        // Absolute: servers resolve a relative `model_path` against their own directory
+        // (`rollflash serve` against its weights root), not the trainer's.
+        let root = std::fs::canonicalize(&root).map_err(io)?;
         Ok(WeightPublisher {
             root,
             keep: keep.max(1),

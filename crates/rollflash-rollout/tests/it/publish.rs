@@ -97,6 +97,7 @@ async fn each_version_is_one_loadable_directory_and_old_ones_are_pruned() {
         .collect();
     names.sort();
     assert_eq!(names, ["v00000002", "v00000003"]);
+    assert!(publisher.root().is_absolute());
     let dir = publisher.dir_of(PolicyVersion(3));
     let loaded = rollflash_model::hf::load_weights(&dir, &candle_core::Device::Cpu).unwrap();
     assert_eq!(loaded.max_abs_diff(&model.weights()).unwrap(), 0.0);
