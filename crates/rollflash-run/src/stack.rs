@@ -1,7 +1,9 @@
 //! What a [`RunPlan`] builds: the starting policy (weights, tokenizer, and the renderer that
 //! turns conversations into the very tokens the trainer scores), its cached warm-up, and
-//! the rollout stack — backends behind one `LlmProxy`, environment managers for training
-//! and for evaluation, the version channel. `train`, `eval` and `bench` all build here.
+//! the rollout stack — backends (embedded engines and `[[rollout.servers]]`) behind one
+//! `LlmProxy`, environment managers for training and for evaluation, the version channel —
+//! and the servers' start-up checks ([`Stack::connect`]). `train`, `eval` and `bench` all
+//! build here.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -43,8 +45,7 @@ pub enum StackError {
     /// `rollout.renderer = "chat"` with a model that has no chat template.
     #[error("rollout.renderer = \"chat\" needs a model directory with a chat template")]
     NoChatTemplate,
-    /// The directory weights are published to cannot be prepared.
-    /// Boxed: keeps `StackError` (and every error that wraps it) small.
+    /// The directory weights are published to cannot be prepared. Boxed: keeps `StackError` (and every error that wraps it) small.
     #[error("rollout.weights_dir: {0}")]
     Publish(#[source] Box<rollflash_rollout::PublishError>),
     /// A rollout server failed a start-up check (down, or serving another model).
