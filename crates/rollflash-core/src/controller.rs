@@ -24,7 +24,8 @@
 //!   published (learner and backends stay at one version), then `Done(Interrupted)`.
 //! - A sync after which no backend holds the new version: the run goes on, but if no backend
 //!   reports serving it within `serve_timeout`, `Done(Stalled)` — the run stops with its
-//!   state intact instead of waiting forever on generation nobody can do.
+//!   state intact instead of waiting forever on generation nobody can do. The same deadline
+//!   runs when the driver reports `Unserved` between syncs (every backend went down).
 //!
 //! After `Done`, the driver reports the groups it drains ([`ControllerCore::handle`] still
 //! counts them) and calls [`ControllerCore::close`], which counts what never reported as
@@ -103,8 +104,12 @@ pub enum CoreEvent<T> {
     /// The sync asked for by `Sync` ended; `serving` says whether at least one backend holds
     /// the new version.
     SyncFinished { serving: bool },
-    /// A backend serves the current version (it was caught up after a failed sync).
+    /// A backend serves the current version (it was caught up after a failed sync, or came
+    /// back after the whole fleet went down).
     Serving,
+    /// No backend serves the current version any more, outside a sync (every server went
+    /// down mid-run): the `serve_timeout` deadline starts, as after a sync nobody loaded.
+    Unserved,
     /// Stop early (Ctrl-C, SIGTERM).
     Stop,
 }
@@ -365,6 +370,11 @@ impl<T> ControllerCore<T> {
             }
             CoreEvent::SyncFinished { serving } => self.publish(now, serving, out),
             CoreEvent::Serving => self.unserved_since = None,
+            CoreEvent::Unserved => {
+                if self.phase != Phase::Done && self.unserved_since.is_none() {
+                    self.unserved_since = Some(now);
+                }
+            }
             CoreEvent::Stop => {
                 if !self.stopping && self.phase != Phase::Done {
                     self.stopping = true;

@@ -9,18 +9,20 @@ pub mod env_manager;
 pub mod http;
 pub mod instant;
 pub mod proxy;
+pub mod publish;
 pub mod server;
 
 pub use backend::{Backend, BackendError, BackendLoad, PauseMode, TokenScore, WeightUpdate};
 pub use engine_backend::{EngineBackend, EngineBackendConfig};
 pub use env_manager::{EnvFactory, EnvManager, EnvManagerConfig, GroupResult, Renderer};
 pub use http::{
-    ChatCompletion, HttpBackendConfig, OpenAiBackend, OpenAiConfig, SglangBackend, VllmBackend,
-    VllmPause, WeightHook,
+    probe_server, ChatCompletion, HttpBackendConfig, OpenAiBackend, OpenAiConfig, ServerApi,
+    ServerInfo, SglangBackend, VllmBackend, VllmPause, WeightHook,
 };
 pub use instant::InstantBackend;
 pub use proxy::{
-    BackendEntry, LlmProxy, ProxyConfig, ProxyError, ProxyHandle, ProxyMetrics, Replication,
-    SyncTimings, DEFAULT_REQUEST_TIMEOUT,
+    BackendEntry, BackendSync, LlmProxy, ProxyConfig, ProxyError, ProxyHandle, ProxyMetrics,
+    Replication, SyncTimings, DEFAULT_REQUEST_TIMEOUT, DEFAULT_UPDATE_TIMEOUT,
 };
+pub use publish::{DiskWeights, FixedWeights, PublishError, WeightPublisher};
 pub use server::{serve, ServerConfig, ServerError, ServerState, WeightsAccess};

@@ -25,7 +25,7 @@ use rollflash_core::proxy::{
     ProxySchedConfig, ProxyScheduler, RoutingPolicy,
 };
 use rollflash_core::{FinishReason, GenOutput, GenRequest, PauseMode, PolicyVersion, RequestId};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -40,11 +40,14 @@ pub enum ProxyError {
     /// The proxy was shut down.
     #[error("the proxy is shut down")]
     Shutdown,
-    /// A weight sync failed on some backends (they left rotation).
+    /// A weight sync failed (or ran past its deadline) on some backends (they left
+    /// rotation); `timings` are the sync's, per backend included (boxed: keeps every
+    /// `Result<_, ProxyError>` small).
     #[error("weight sync to version {version} failed on {failed:?}")]
     Sync {
         version: rollflash_core::PolicyVersion,
         failed: Vec<String>,
+        timings: Box<SyncTimings>,
     },
 }
 
@@ -59,6 +62,12 @@ pub enum ProxyError {
 /// backstop for every backend.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(900);
 
+/// The default [`ProxyConfig::update_timeout`]: how long one backend's weight update may
+/// take before it is given up on (and leaves rotation). Loading a 7 B checkpoint from local
+/// disk takes seconds to a minute on a GPU server; five minutes leaves room for a slow
+/// network file system and still ends a sync that would otherwise hang.
+pub const DEFAULT_UPDATE_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Settings of the proxy.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
@@ -68,6 +77,11 @@ pub struct ProxyConfig {
     pub sched: ProxySchedConfig,
     /// How often an out-of-rotation backend is probed with `health`.
     pub health_probe_interval: Duration,
+    /// Bound on one backend's `update_weights` (a sync's and a catch-up's alike): past it the
+    /// update counts as failed, the backend leaves rotation and is probed back in, and the
+    /// sync goes on with the others. A backend's own tighter bound (an HTTP client's
+    /// timeout) fires first.
+    pub update_timeout: Duration,
 }
 
 impl Default for ProxyConfig {
@@ -78,6 +92,7 @@ impl Default for ProxyConfig {
                 ..ProxySchedConfig::default()
             },
             health_probe_interval: Duration::from_millis(500),
+            update_timeout: DEFAULT_UPDATE_TIMEOUT,
         }
     }
 }
@@ -128,11 +143,24 @@ pub struct ProxyMetrics {
 }
 
 /// Time spent in each phase of one weight sync.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SyncTimings {
     pub pause: Duration,
     pub update: Duration,
     pub resume: Duration,
+    /// Each backend's own update, in backend order (the update phase is the longest).
+    pub backends: Vec<BackendSync>,
+}
+
+/// One backend's part of a weight sync.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendSync {
+    /// The backend's name.
+    pub name: String,
+    /// How long its `update_weights` took (up to the deadline when it ran past it).
+    pub took: Duration,
+    /// Whether it loaded the weights.
+    pub loaded: bool,
 }
 
 impl SyncTimings {
@@ -185,6 +213,8 @@ pub struct ProxyHandle {
     groups: Arc<AtomicU64>,
     backends: Arc<Vec<Arc<dyn Backend>>>,
     weights: Arc<Publication>,
+    /// Whether some backend is in rotation (up, at the newest weights), kept by the task.
+    serving: watch::Receiver<bool>,
 }
 
 /// The latest published weights, and one lock per backend that every weight update to it
@@ -194,6 +224,12 @@ struct Publication {
     /// A std `Mutex`: read and replaced, never held across an `.await`.
     latest: std::sync::Mutex<Option<WeightUpdate>>,
     locks: Vec<tokio::sync::Mutex<()>>,
+    /// Bound on one backend's update ([`ProxyConfig::update_timeout`]).
+    timeout: Duration,
+    /// Per backend: it failed a call and is being probed back in. A sync skips it (its
+    /// probe gives it the latest weights before it rejoins), so a dead server costs a sync
+    /// nothing rather than its connection retries every time.
+    down: Vec<std::sync::atomic::AtomicBool>,
 }
 
 impl Publication {
@@ -202,6 +238,16 @@ impl Publication {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    fn is_down(&self, i: usize) -> bool {
+        self.down.get(i).is_some_and(|d| d.load(Ordering::SeqCst))
+    }
+
+    fn set_down(&self, i: usize, down: bool) {
+        if let Some(d) = self.down.get(i) {
+            d.store(down, Ordering::SeqCst);
+        }
     }
 
     fn publish(&self, update: &WeightUpdate) {
@@ -220,8 +266,22 @@ impl Publication {
         let Some(lock) = self.locks.get(i) else {
             return Ok(());
         };
-        let _held = lock.lock().await;
-        let r = backend.update_weights(update).await;
+        // One deadline for the wait on the lock and the update: a catch-up stuck on a dead
+        // server must not hold a sync past it.
+        let deadline = Instant::now() + self.timeout;
+        let timed_out = || BackendError::Timeout {
+            backend: backend.name().to_string(),
+            secs: self.timeout.as_secs_f64(),
+        };
+        let (r, _held) = match tokio::time::timeout_at(deadline, lock.lock()).await {
+            Ok(held) => {
+                let r = tokio::time::timeout_at(deadline, backend.update_weights(update))
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out()));
+                (r, Some(held))
+            }
+            Err(_) => (Err(timed_out()), None),
+        };
         let _ = tx.send(Msg::Weights {
             backend: BackendId(i),
             version: update.version(),
@@ -273,9 +333,16 @@ impl LlmProxy {
         let weights = Arc::new(Publication {
             latest: std::sync::Mutex::new(None),
             locks: list.iter().map(|_| tokio::sync::Mutex::new(())).collect(),
+            timeout: cfg.update_timeout,
+            down: list
+                .iter()
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
+        let (serving_tx, serving_rx) = watch::channel(!list.is_empty());
         let state = ProxyTask {
+            serving: serving_tx,
             weights: Arc::clone(&weights),
             sched,
             backends: Arc::clone(&list),
@@ -296,6 +363,7 @@ impl LlmProxy {
                 groups: Arc::new(AtomicU64::new(1)),
                 backends: list,
                 weights,
+                serving: serving_rx,
             },
             task,
         }
@@ -334,6 +402,13 @@ impl ProxyHandle {
     /// The backends behind the proxy, in id order.
     pub fn backends(&self) -> &[Arc<dyn Backend>] {
         &self.backends
+    }
+
+    /// Whether some backend is in rotation — up and holding the newest weights — as it
+    /// changes: `false` when every server went down or failed its last update (nothing can
+    /// generate until one is caught up), `true` again when one rejoins.
+    pub fn serving(&self) -> watch::Receiver<bool> {
+        self.serving.clone()
     }
 
     /// Generates one request (its `id` must be unique among live requests: use
@@ -428,8 +503,9 @@ impl ProxyHandle {
         rx.await.map_err(|_| ProxyError::Shutdown)
     }
 
-    /// Publishes new weights: pause (in `mode`), update every backend, resume. A backend
-    /// whose update fails leaves rotation (it does not serve stale weights): it is probed
+    /// Publishes new weights: pause (in `mode`), update every backend (each within
+    /// [`ProxyConfig::update_timeout`]), resume. A backend whose update fails or runs past
+    /// its deadline leaves rotation (it does not serve stale weights): it is probed
     /// and given the latest weights until that succeeds, and only then rejoins. The error
     /// names it.
     pub async fn sync_weights(
@@ -441,19 +517,37 @@ impl ProxyHandle {
         self.pause(mode).await?;
         let t1 = Instant::now();
         self.weights.publish(update);
-        let results = futures::future::join_all(
-            self.backends
-                .iter()
-                .enumerate()
-                .map(|(i, b)| self.weights.update(i, b.as_ref(), update, &self.tx)),
-        )
+        let results = futures::future::join_all(self.backends.iter().enumerate().map(|(i, b)| {
+            let started = Instant::now();
+            async move {
+                if self.weights.is_down(i) {
+                    let skipped = Err(BackendError::Unavailable {
+                        backend: b.name().to_string(),
+                        reason: "down (being probed); it is given these weights when it is \
+                                 back"
+                            .into(),
+                        source: None,
+                    });
+                    return (skipped, Duration::ZERO);
+                }
+                let r = self.weights.update(i, b.as_ref(), update, &self.tx).await;
+                (r, started.elapsed())
+            }
+        }))
         .await;
         let mut failed = Vec::new();
-        for (i, r) in results.into_iter().enumerate() {
-            if let Err(e) = r {
-                tracing::warn!(backend = self.backends[i].name(), error = %e, "weight sync failed");
-                failed.push(self.backends[i].name().to_string());
+        let mut backends = Vec::with_capacity(results.len());
+        for (i, (r, took)) in results.into_iter().enumerate() {
+            let name = self.backends[i].name().to_string();
+            if let Err(e) = &r {
+                tracing::warn!(backend = %name, error = %e, "weight sync failed; the backend leaves rotation");
+                failed.push(name.clone());
             }
+            backends.push(BackendSync {
+                name,
+                took,
+                loaded: r.is_ok(),
+            });
         }
         let t2 = Instant::now();
         self.resume().await?;
@@ -461,13 +555,22 @@ impl ProxyHandle {
             pause: t1 - t0,
             update: t2 - t1,
             resume: t2.elapsed(),
+            backends,
         };
         if failed.is_empty() {
             Ok(timings)
         } else {
+            if failed.len() == self.backends.len() {
+                tracing::error!(
+                    version = %update.version(),
+                    ?failed,
+                    "no backend loaded the new weights: nothing serves the current policy"
+                );
+            }
             Err(ProxyError::Sync {
                 version: update.version(),
                 failed,
+                timings: Box::new(timings),
             })
         }
     }
@@ -509,6 +612,8 @@ struct ProxyTask {
     probing: Vec<bool>,
     probe_interval: Duration,
     actions: Vec<ProxyAction>,
+    /// Published after every message: whether some backend is in rotation.
+    serving: watch::Sender<bool>,
 }
 
 impl ProxyTask {
@@ -530,6 +635,7 @@ impl ProxyTask {
                 msg = rx.recv() => msg,
                 () = &mut timer, if armed.is_some() => {
                     self.tick();
+                    self.publish_serving();
                     // Re-arm even if the earliest deadline did not move: the timer has fired.
                     armed = None;
                     continue;
@@ -544,8 +650,19 @@ impl ProxyTask {
                 return;
             }
             self.handle(msg);
+            self.publish_serving();
         }
         self.tasks.shutdown().await;
+    }
+
+    /// Tells watchers whether some backend is in rotation, when that changed.
+    fn publish_serving(&self) {
+        let now = (0..self.backends.len()).any(|i| self.sched.is_healthy(BackendId(i)));
+        self.serving.send_if_modified(|s| {
+            let changed = *s != now;
+            *s = now;
+            changed
+        });
     }
 
     /// The earliest deadline passed: the scheduler expires what is overdue. Its cancels are
@@ -626,16 +743,30 @@ impl ProxyTask {
             Msg::Pause(mode, ack) => {
                 self.feed(ProxyEvent::Pause { mode });
                 let backends = Arc::clone(&self.backends);
+                // Bounded like an update: a server that never answers its pause must not
+                // hold the sync (its requests are bounded by their own deadlines).
+                let limit = self.weights.timeout;
                 self.tasks.spawn(async move {
-                    let _ = futures::future::join_all(backends.iter().map(|b| b.pause(mode))).await;
+                    let _ = futures::future::join_all(
+                        backends
+                            .iter()
+                            .map(|b| tokio::time::timeout(limit, b.pause(mode))),
+                    )
+                    .await;
                     let _ = ack.send(());
                 });
             }
             Msg::Resume(ack) => {
                 let backends = Arc::clone(&self.backends);
                 let tx = self.tx.clone();
+                let limit = self.weights.timeout;
                 self.tasks.spawn(async move {
-                    let _ = futures::future::join_all(backends.iter().map(|b| b.resume())).await;
+                    let _ = futures::future::join_all(
+                        backends
+                            .iter()
+                            .map(|b| tokio::time::timeout(limit, b.resume())),
+                    )
+                    .await;
                     // Dispatch only once the backends generate again.
                     let _ = tx.send(Msg::Resumed(ack));
                 });
@@ -661,6 +792,7 @@ impl ProxyTask {
                 if let Some(p) = self.probing.get_mut(b.0) {
                     *p = false;
                 }
+                self.weights.set_down(b.0, false);
                 self.feed(ProxyEvent::BackendUp { backend: b });
             }
             Msg::Metrics(reply) => {
@@ -726,6 +858,7 @@ impl ProxyTask {
                             reason: e.to_string(),
                         },
                     });
+                    self.weights.set_down(backend.0, true);
                     self.feed(ProxyEvent::BackendDown { backend });
                     self.start_probe(backend);
                     return;

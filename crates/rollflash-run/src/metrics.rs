@@ -28,7 +28,8 @@ pub struct MetricsError {
 /// bonus is on, else the sampled estimate −mean log π_behav), `staleness` (mean),
 /// `staleness_max`, `staleness_hist` (`{"0": n, "1": m}`), `samples_per_s` and
 /// `tokens_per_s` (over this step's wall time), `rollout_idle` and `trainer_idle` (fractions
-/// of the step's wall time), `weight_sync_ms`, `wall_s`, `train_s`, `wait_s`, `elapsed_s`,
+/// of the step's wall time), `weight_sync_ms` (and, with several backends,
+/// `weight_sync_ms_by_backend`: each one's update, `null` where it failed), `wall_s`, `train_s`, `wait_s`, `elapsed_s`,
 /// and the cumulative sample accounting (`started`, `trained`, `filtered`, `dropped_stale`,
 /// `aborted`, `failed`, `running`, `buffered`).
 pub fn step_json(s: &StepRecord, elapsed_offset_s: f64) -> Value {
@@ -69,6 +70,20 @@ pub fn step_json(s: &StepRecord, elapsed_offset_s: f64) -> Value {
         "running": a.running,
         "buffered": a.buffered,
     });
+    if s.sync.backends.len() > 1 || s.sync.backends.iter().any(|b| !b.loaded) {
+        // Per backend when there is more than one to tell apart (or one failed): its own
+        // update's milliseconds, `null` for one that did not load the weights.
+        let by: serde_json::Map<String, Value> = s
+            .sync
+            .backends
+            .iter()
+            .map(|b| {
+                let ms = b.loaded.then_some(b.took.as_secs_f64() * 1e3);
+                (b.name.clone(), json!(ms))
+            })
+            .collect();
+        m["weight_sync_ms_by_backend"] = Value::Object(by);
+    }
     for (k, v) in &s.stats.metrics {
         m[k] = json!(v);
     }

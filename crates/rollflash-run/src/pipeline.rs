@@ -78,11 +78,11 @@ pub enum PipelineError {
     Stack(#[from] crate::stack::StackError),
     #[error(transparent)]
     Warmup(crate::warmup::WarmupError),
-    /// After a weight sync no backend served the new weights within
-    /// `controller.serve_timeout_secs`; the run stopped with a checkpoint of where it was.
+    /// After a weight sync no backend served the new weights, or every backend went down,
+    /// for `controller.serve_timeout_secs`; the run stopped with a checkpoint of where it was.
     #[error(
-        "no rollout backend serves policy {version} {waited_s:.0} s after its weight sync \
-         (controller.serve_timeout_secs); stopped with a checkpoint at {}",
+        "no rollout backend has served policy {version} for {waited_s:.0} s (every one failed \
+         to load it or went down; controller.serve_timeout_secs); stopped with a checkpoint at {}",
         checkpoint.display()
     )]
     Stalled {
@@ -218,6 +218,8 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         .as_ref()
         .map_or(PolicyVersion(0), |r| r.state.cursor.version);
     let rollout = Stack::build(&plan, &policy, &model, start_version)?;
+    // Every server checked and given the starting weights before anything is generated.
+    rollout.connect(&policy).await?;
     let threshold = plan.success_threshold;
 
     let eval_before = match &resumed {
@@ -497,6 +499,7 @@ pub async fn evaluate_checkpoint(
     let policy = Policy::from_checkpoint(&plan, dir)?;
     let model = policy.trainable(&plan)?;
     let rollout = Stack::build(&plan, &policy, &model, PolicyVersion(0))?;
+    rollout.connect(&policy).await?;
     let out = evaluate(
         &rollout.eval_envs,
         &rollout.eval_make,

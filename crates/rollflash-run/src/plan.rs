@@ -15,12 +15,13 @@ use rollflash_core::{PauseMode, SamplingParams};
 use rollflash_env::envs::{EnvConfig, EnvSpec};
 use rollflash_env::openenv::OpenEnvConfig;
 use rollflash_env::remote::RemoteEnvConfig;
-use rollflash_rollout::{EnvManagerConfig, ProxyConfig, Replication};
+use rollflash_rollout::{EnvManagerConfig, HttpBackendConfig, ProxyConfig, Replication};
 use rollflash_trainer::learner::LearnerConfig;
 use rollflash_trainer::ControllerConfig;
 
 use crate::config::{
-    resolve_api_key, ConfigError, DTypeSpec, DeviceSpec, EnvSection, RendererChoice, TrainConfig,
+    resolve_api_key, ConfigError, DTypeSpec, DeviceSpec, EnvSection, RendererChoice, ServerKind,
+    ServerWeights, TrainConfig,
 };
 use crate::eval::success_threshold;
 
@@ -106,6 +107,29 @@ pub enum BackendPlan {
         threads: usize,
         max_running_requests: usize,
     },
+    /// A server in another process (`[[rollout.servers]]`), reached over HTTP.
+    Remote {
+        kind: ServerKind,
+        /// URL, API key (resolved from `api_key_env`), per-call timeouts.
+        http: HttpBackendConfig,
+        max_running_requests: usize,
+        weights: ServerWeights,
+        /// The `model` of OpenAI requests (`None`: the server's first).
+        model: Option<String>,
+    },
+}
+
+impl BackendPlan {
+    /// Whether it loads each published version from `RunPlan::weights_dir`.
+    pub fn takes_disk_weights(&self) -> bool {
+        matches!(
+            self,
+            BackendPlan::Remote {
+                weights: ServerWeights::Disk,
+                ..
+            }
+        )
+    }
 }
 
 /// Where tasks come from.
@@ -197,6 +221,10 @@ pub struct RunPlan {
     pub renderer: RendererChoice,
     pub routing: Routing,
     pub backends: Vec<BackendPlan>,
+    /// Where versions are published for backends that load from disk (`None`: none does).
+    pub weights_dir: Option<PathBuf>,
+    /// Bound on each start-up check of a server and on its first weight load.
+    pub server_check_timeout: Duration,
     pub env: EnvSource,
     /// How a group's samples are requested.
     pub replication: Replication,
@@ -224,13 +252,45 @@ impl RunPlan {
             Some(dir) => ModelSource::Dir(dir.clone()),
             None => ModelSource::Builtin { seed: c.seed },
         };
-        let backends = (0..r.engines)
+        let mut backends: Vec<BackendPlan> = (0..r.engines)
             .map(|i| BackendPlan::Engine {
                 name: format!("engine-{i}"),
                 threads: r.engine_threads,
                 max_running_requests: r.max_running_requests,
             })
             .collect();
+        for (i, srv) in r.servers.iter().enumerate() {
+            let mut http = HttpBackendConfig::new(srv.url.clone());
+            http.api_key = resolve_api_key(
+                &format!("rollout.servers[{i}]"),
+                &srv.api_key,
+                &srv.api_key_env,
+            )?;
+            if let Some(t) = srv.timeout_secs {
+                http.timeout = Duration::from_secs_f64(t);
+            }
+            if let Some(t) = srv.connect_timeout_secs {
+                http.connect_timeout = Duration::from_secs_f64(t);
+            }
+            backends.push(BackendPlan::Remote {
+                kind: srv.kind,
+                http,
+                max_running_requests: srv.max_running_requests,
+                weights: srv.weights,
+                model: srv.model.clone(),
+            });
+        }
+        let weights_dir = backends
+            .iter()
+            .any(BackendPlan::takes_disk_weights)
+            .then(|| {
+                r.weights_dir
+                    .clone()
+                    .unwrap_or_else(|| c.output_dir.join("published"))
+            });
+        let mut proxy =
+            ProxyConfig::with_request_timeout(Duration::from_secs_f64(r.request_timeout_secs));
+        proxy.update_timeout = Duration::from_secs_f64(r.weight_sync_timeout_secs);
         let sampling = SamplingParams {
             temperature: r.temperature,
             top_p: r.top_p,
@@ -281,12 +341,12 @@ impl RunPlan {
             renderer: r.renderer,
             routing: r.routing,
             backends,
+            weights_dir,
+            server_check_timeout: Duration::from_secs_f64(r.server_check_timeout_secs),
             env,
             replication: Replication::Expand,
             env_manager,
-            proxy: ProxyConfig::with_request_timeout(Duration::from_secs_f64(
-                r.request_timeout_secs,
-            )),
+            proxy,
             controller,
             learner: c.learner_config(&placement.device),
             success_threshold: match (&c.env, c.env.spec()) {
@@ -332,13 +392,51 @@ impl RunPlan {
             }
         )];
         for b in &self.backends {
-            let BackendPlan::Engine {
-                name,
-                threads,
-                max_running_requests,
-            } = b;
+            match b {
+                BackendPlan::Engine {
+                    name,
+                    threads,
+                    max_running_requests,
+                } => out.push(format!(
+                    "backend {name}: embedded engine, {threads} thread(s), {max_running_requests} running requests"
+                )),
+                BackendPlan::Remote {
+                    kind,
+                    http,
+                    max_running_requests,
+                    weights,
+                    ..
+                } => out.push(format!(
+                    "backend {}: {} server, {max_running_requests} running requests, {}{}, \
+                     {:.0} s per call",
+                    http.base_url,
+                    match kind {
+                        ServerKind::Sglang => "SGLang (native API)",
+                        ServerKind::Vllm => "vLLM",
+                        ServerKind::Openai => "OpenAI-compatible",
+                        ServerKind::Rollflash => "rollflash serve (SGLang-native API)",
+                    },
+                    match (weights, &self.weights_dir) {
+                        (ServerWeights::Disk, Some(d)) =>
+                            format!("loads each version from {}", d.display()),
+                        _ => "keeps its own weights".into(),
+                    },
+                    if http.api_key.is_some() { ", API key set" } else { "" },
+                    http.timeout.as_secs_f64(),
+                )),
+            }
+        }
+        if self
+            .backends
+            .iter()
+            .any(|b| matches!(b, BackendPlan::Remote { .. }))
+        {
             out.push(format!(
-                "backend {name}: embedded engine, {threads} thread(s), {max_running_requests} running requests"
+                "fleet: {} backend(s) behind one proxy; start-up checks and first weight load \
+                 within {:.0} s each, a weight update within {:.0} s",
+                self.backends.len(),
+                self.server_check_timeout.as_secs_f64(),
+                self.proxy.update_timeout.as_secs_f64(),
             ));
         }
         out.push(format!("env `{}` {}", self.env.name(), self.env.location()));

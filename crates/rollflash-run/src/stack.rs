@@ -1,7 +1,9 @@
 //! What a [`RunPlan`] builds: the starting policy (weights, tokenizer, and the renderer that
 //! turns conversations into the very tokens the trainer scores), its cached warm-up, and
-//! the rollout stack — backends behind one `LlmProxy`, environment managers for training
-//! and for evaluation, the version channel. `train`, `eval` and `bench` all build here.
+//! the rollout stack — backends (embedded engines and `[[rollout.servers]]`) behind one
+//! `LlmProxy`, environment managers for training and for evaluation, the version channel —
+//! and the servers' start-up checks ([`Stack::connect`]). `train`, `eval` and `bench` all
+//! build here.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -19,13 +21,15 @@ use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::train::TrainableModel;
 use rollflash_model::weights::Weights;
 use rollflash_rollout::{
-    Backend, BackendEntry, EngineBackend, EngineBackendConfig, EnvFactory, EnvManager,
-    EnvManagerConfig, LlmProxy, Renderer,
+    probe_server, Backend, BackendEntry, DiskWeights, EngineBackend, EngineBackendConfig,
+    EnvFactory, EnvManager, EnvManagerConfig, FixedWeights, HttpBackendConfig, LlmProxy,
+    OpenAiBackend, OpenAiConfig, PauseMode, ProxyError, Renderer, ServerApi, SglangBackend,
+    VllmBackend, WeightHook, WeightPublisher, WeightUpdate,
 };
 use rollflash_trainer::StopFlag;
 use tokio::sync::watch;
 
-use crate::config::RendererChoice;
+use crate::config::{RendererChoice, ServerKind, ServerWeights};
 use crate::plan::{BackendPlan, EnvSource, ModelSource, RunPlan, WarmupPlan};
 use crate::warmup::WarmupError;
 
@@ -43,6 +47,21 @@ pub enum StackError {
     /// `rollout.renderer = "chat"` with a model that has no chat template.
     #[error("rollout.renderer = \"chat\" needs a model directory with a chat template")]
     NoChatTemplate,
+    /// The directory weights are published to cannot be prepared. Boxed: keeps `StackError` (and every error that wraps it) small.
+    #[error("rollout.weights_dir: {0}")]
+    Publish(#[source] Box<rollflash_rollout::PublishError>),
+    /// A rollout server failed a start-up check (down, or serving another model).
+    #[error("rollout server {url} {problem}")]
+    Server { url: String, problem: String },
+    /// Servers that could not load the starting weights (or report serving them).
+    #[error("rollout servers {failed:?} could not load the starting weights (version {version}); see the log for why")]
+    FirstWeights {
+        version: PolicyVersion,
+        failed: Vec<String>,
+    },
+    /// Boxed: keeps `StackError` (and every error that wraps it) small.
+    #[error("proxy: {0}")]
+    Proxy(#[source] Box<ProxyError>),
 }
 
 /// The policy a run starts from, and how its conversations become tokens.
@@ -244,6 +263,8 @@ pub struct Stack {
     pub make: EnvFactory,
     pub eval_envs: EnvManager,
     pub eval_make: EnvFactory,
+    /// The servers among the backends ([`Stack::connect`] checks them).
+    fleet: Fleet,
 }
 
 impl std::fmt::Debug for Stack {
@@ -273,32 +294,68 @@ impl Stack {
         hooks: &StackHooks,
     ) -> Result<Stack, StackError> {
         let snapshot = Arc::new(model.snapshot()?);
+        let publisher = match &plan.weights_dir {
+            Some(dir) => Some(Arc::new(
+                WeightPublisher::new(
+                    dir.clone(),
+                    PUBLISHED_KEPT,
+                    policy.model_cfg.clone(),
+                    Some(Arc::clone(&policy.tokenizer)),
+                )
+                .map_err(|e| StackError::Publish(Box::new(e)))?,
+            )),
+            None => None,
+        };
         let mut backends = Vec::with_capacity(plan.backends.len());
+        let mut remotes = Vec::new();
         for b in &plan.backends {
-            let BackendPlan::Engine {
-                name,
-                threads,
-                max_running_requests,
-            } = b;
-            let engine: Arc<dyn Backend> = Arc::new(EngineBackend::start(
-                Arc::clone(&snapshot),
-                version,
-                EngineBackendConfig {
-                    name: name.clone(),
-                    engine: EngineConfig {
-                        max_running_requests: *max_running_requests,
-                        threads: *threads,
-                        ..Default::default()
-                    },
-                },
-            )?);
+            let (backend, max_running): (Arc<dyn Backend>, usize) = match b {
+                BackendPlan::Engine {
+                    name,
+                    threads,
+                    max_running_requests,
+                } => (
+                    Arc::new(EngineBackend::start(
+                        Arc::clone(&snapshot),
+                        version,
+                        EngineBackendConfig {
+                            name: name.clone(),
+                            engine: EngineConfig {
+                                max_running_requests: *max_running_requests,
+                                threads: *threads,
+                                ..Default::default()
+                            },
+                        },
+                    )?),
+                    *max_running_requests,
+                ),
+                BackendPlan::Remote {
+                    kind,
+                    http,
+                    max_running_requests,
+                    weights,
+                    model,
+                } => {
+                    let mut http = http.clone();
+                    http.initial_version = version;
+                    let client = remote_backend(*kind, &http, model.as_deref(), *weights)?;
+                    remotes.push(Remote { kind: *kind, http });
+                    let backend: Arc<dyn Backend> = match (weights, &publisher) {
+                        (ServerWeights::Disk, Some(p)) => {
+                            Arc::new(DiskWeights::new(client, Arc::clone(p)))
+                        }
+                        _ => Arc::new(FixedWeights::new(client, version)),
+                    };
+                    (backend, *max_running_requests)
+                }
+            };
             let backend = match &hooks.wrap_backend {
-                Some(wrap) => wrap(engine),
-                None => engine,
+                Some(wrap) => wrap(backend),
+                None => backend,
             };
             backends.push(BackendEntry {
                 backend,
-                max_running_requests: *max_running_requests,
+                max_running_requests: max_running,
             });
         }
         let proxy = LlmProxy::start(backends, plan.routing.policy(), plan.proxy.clone());
@@ -338,7 +395,182 @@ impl Stack {
             make,
             eval_envs,
             eval_make,
+            fleet: Fleet {
+                remotes,
+                snapshot,
+                version,
+                check_timeout: plan.server_check_timeout,
+                max_total_tokens: plan.env_manager.max_total_tokens,
+            },
         })
+    }
+
+    /// The start-up checks of every server, then the first weight load: each server must be
+    /// up, serve a model whose vocabulary and end-of-sequence tokens agree with the trainer's,
+    /// and (with `weights = "disk"`) load the starting weights and report serving them. Each
+    /// check is bounded by `rollout.server_check_timeout_secs`, each load by
+    /// `rollout.weight_sync_timeout_secs`; the error names the server and what disagrees.
+    /// Nothing to do without servers.
+    pub async fn connect(&self, policy: &Policy) -> Result<(), StackError> {
+        if self.fleet.remotes.is_empty() {
+            return Ok(());
+        }
+        let checks = self
+            .fleet
+            .remotes
+            .iter()
+            .map(|r| self.fleet.check(r, policy));
+        for r in futures::future::join_all(checks).await {
+            r?;
+        }
+        let update = WeightUpdate::InProcess {
+            model: Arc::clone(&self.fleet.snapshot),
+            version: self.fleet.version,
+        };
+        match self
+            .proxy
+            .handle()
+            .sync_weights(&update, PauseMode::Abort)
+            .await
+        {
+            Ok(t) => {
+                for b in t.backends.iter().filter(|b| self.fleet.is_remote(&b.name)) {
+                    tracing::info!(
+                        backend = %b.name,
+                        version = %self.fleet.version,
+                        ms = b.took.as_secs_f64() * 1e3,
+                        "server loaded the starting weights"
+                    );
+                }
+                Ok(())
+            }
+            Err(ProxyError::Sync { failed, .. }) => Err(StackError::FirstWeights {
+                version: self.fleet.version,
+                failed,
+            }),
+            Err(e) => Err(StackError::Proxy(Box::new(e))),
+        }
+    }
+}
+
+/// How many published versions stay on disk: the newest, and the one before it (servers
+/// still loading or catching up read it).
+const PUBLISHED_KEPT: usize = 2;
+
+/// The client for one `[[rollout.servers]]` entry: the one place a server kind becomes a
+/// backend.
+fn remote_backend(
+    kind: ServerKind,
+    http: &HttpBackendConfig,
+    model: Option<&str>,
+    weights: ServerWeights,
+) -> Result<Arc<dyn Backend>, StackError> {
+    Ok(match kind {
+        ServerKind::Sglang | ServerKind::Rollflash => Arc::new(SglangBackend::new(http.clone())?),
+        ServerKind::Openai => Arc::new(OpenAiBackend::new(OpenAiConfig {
+            http: http.clone(),
+            model: model.map(str::to_string),
+            weight_hook: match weights {
+                ServerWeights::Disk => WeightHook::update_weights_from_disk(),
+                ServerWeights::None => WeightHook::None,
+            },
+            use_extension: true,
+        })?),
+        ServerKind::Vllm => {
+            let b = VllmBackend::new(http.clone())?;
+            Arc::new(match model {
+                Some(m) => b.with_model(m),
+                None => b,
+            })
+        }
+    })
+}
+
+/// The servers of a stack, for the start-up checks and the first weight load.
+struct Fleet {
+    remotes: Vec<Remote>,
+    /// The weights the stack started with, loaded into the servers by `connect`.
+    snapshot: Arc<rollflash_model::model::Transformer>,
+    version: PolicyVersion,
+    check_timeout: std::time::Duration,
+    /// The longest sequence a trajectory may reach: a server accepting less is refused.
+    max_total_tokens: usize,
+}
+
+struct Remote {
+    kind: ServerKind,
+    http: HttpBackendConfig,
+}
+
+impl Fleet {
+    fn is_remote(&self, name: &str) -> bool {
+        self.remotes
+            .iter()
+            .any(|r| r.http.base_url.trim_end_matches('/') == name)
+    }
+
+    /// Health, model, vocabulary and end-of-sequence agreement of one server, within the
+    /// check deadline.
+    async fn check(&self, r: &Remote, policy: &Policy) -> Result<(), StackError> {
+        let url = r.http.base_url.clone();
+        let refuse = |problem: String| StackError::Server {
+            url: url.clone(),
+            problem,
+        };
+        let api = match r.kind {
+            ServerKind::Sglang | ServerKind::Rollflash => ServerApi::Sglang,
+            ServerKind::Openai | ServerKind::Vllm => ServerApi::OpenAi,
+        };
+        let mut http = r.http.clone();
+        http.timeout = http.timeout.min(self.check_timeout);
+        let info = tokio::time::timeout(self.check_timeout, probe_server(&http, api))
+            .await
+            .map_err(|_| {
+                refuse(format!(
+                    "did not answer its start-up checks within {:.0} s \
+                     (rollout.server_check_timeout_secs)",
+                    self.check_timeout.as_secs_f64()
+                ))
+            })?
+            .map_err(|e| refuse(format!("is down or refused the start-up checks: {e}")))?;
+        let ours = policy.model_cfg.vocab_size;
+        match info.vocab_size {
+            Some(v) if v != ours => {
+                return Err(refuse(format!(
+                    "serves a model with vocab_size {v}, the trainer's model has {ours}: \
+                     token ids would not mean the same on both sides"
+                )))
+            }
+            Some(_) => {}
+            None => tracing::warn!(
+                server = %url,
+                "the server does not report its vocabulary size; \
+                 cannot check that its tokenizer agrees with the trainer's"
+            ),
+        }
+        if let (Some(theirs), Some(eos)) = (&info.eos_token_ids, policy.tokenizer.eos_token_id()) {
+            if !theirs.contains(&eos) {
+                return Err(refuse(format!(
+                    "ends sequences at token ids {theirs:?}, the trainer's tokenizer at {eos}"
+                )));
+            }
+        }
+        if let Some(len) = info.max_model_len {
+            if len < self.max_total_tokens {
+                return Err(refuse(format!(
+                    "accepts sequences of at most {len} tokens (max_model_len), \
+                     rollout.max_total_tokens is {}",
+                    self.max_total_tokens
+                )));
+            }
+        }
+        tracing::info!(
+            server = %url,
+            model = info.model.as_deref().unwrap_or("?"),
+            weight_version = ?info.weight_version.map(|v| v.0),
+            "server passed its start-up checks"
+        );
+        Ok(())
     }
 }
 

@@ -160,10 +160,11 @@ pub enum ControllerError {
     Config(#[from] BufferConfigError),
     #[error("training task panicked: {0}")]
     Panicked(String),
-    /// After a weight sync no backend served the new weights within the configured time.
+    /// No backend served the current weights for the configured time: every one failed to
+    /// load them, or every one went down.
     #[error(
-        "no backend serves policy {version} {:.0} s after its weight sync \
-         (controller.serve_timeout_secs); every backend failed to load it",
+        "no backend has served policy {version} for {:.0} s \
+         (controller.serve_timeout_secs): every backend failed to load it or went down",
         waited.as_secs_f64()
     )]
     Stalled {
@@ -431,6 +432,10 @@ impl<L: Learner> AsyncController<L> {
         let stop = self.stop.clone().unwrap_or_default();
         core.handle(clock(), CoreEvent::Tick, &mut out);
         todo.extend(out.drain(..));
+        // Whether some backend is in rotation, as the proxy sees it change: the whole fleet
+        // going down between syncs starts the same serve deadline as a sync nobody loaded.
+        let mut fleet = self.proxy.serving();
+        let mut fleet_open = true;
 
         'run: loop {
             while let Some(action) = todo.pop_front() {
@@ -562,6 +567,21 @@ impl<L: Learner> AsyncController<L> {
                         }
                     }
                 }
+                changed = fleet.changed(), if fleet_open => match changed {
+                    Ok(()) if *fleet.borrow_and_update() => CoreEvent::Serving,
+                    Ok(()) => {
+                        tracing::error!(
+                            waiting_s = self.cfg.serve_timeout.as_secs_f64(),
+                            "no backend is in rotation (every server down or behind on weights): \
+                             waiting for one to come back, then stopping with a checkpoint"
+                        );
+                        CoreEvent::Unserved
+                    }
+                    Err(_) => {
+                        fleet_open = false;
+                        CoreEvent::Tick
+                    }
+                },
                 _ = sleep_until(probe), if probe.is_some() => {
                     if self.serving().await { CoreEvent::Serving } else { CoreEvent::Tick }
                 }
@@ -609,19 +629,14 @@ impl<L: Learner> AsyncController<L> {
     /// holds the new version. A backend that fails leaves rotation (the proxy catches it up
     /// later); the run goes on with the rest.
     async fn sync(&self, update: &WeightUpdate) -> (SyncTimings, bool) {
-        let t0 = Instant::now();
         match self.proxy.sync_weights(update, self.cfg.pause_mode).await {
             Ok(t) => (t, true),
-            Err(ProxyError::Sync { failed, .. }) => {
+            Err(ProxyError::Sync {
+                failed, timings, ..
+            }) => {
                 let serving = failed.len() < self.proxy.backends().len();
                 tracing::warn!(?failed, serving, "weight sync incomplete");
-                (
-                    SyncTimings {
-                        update: t0.elapsed(),
-                        ..Default::default()
-                    },
-                    serving,
-                )
+                (*timings, serving)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "weight sync failed");

@@ -207,6 +207,49 @@ fn a_sync_nobody_serves_stalls_the_run_after_the_timeout() {
     }
 }
 
+/// Every backend went down between syncs (`Unserved`): the same deadline runs, and the run
+/// stops as stalled at the version it had, with the groups still running counted — unless
+/// a backend comes back first.
+#[test]
+fn a_fleet_that_goes_down_mid_run_stalls_it_after_the_timeout() {
+    for recovers in [false, true] {
+        let mut c = cfg(1, 1, 1.0, 3);
+        c.serve_timeout = s(30);
+        let mut core = ControllerCore::<u32>::new(c, None, s(0)).unwrap();
+        let mut out = Vec::new();
+        core.handle(s(0), CoreEvent::Tick, &mut out);
+        assert!(!starts(&out).is_empty());
+        out.clear();
+        core.handle(s(5), CoreEvent::Unserved, &mut out);
+        assert_eq!(core.serve_deadline(), Some(s(35)));
+        // A second report does not move the deadline.
+        core.handle(s(10), CoreEvent::Unserved, &mut out);
+        assert_eq!(core.serve_deadline(), Some(s(35)));
+        if recovers {
+            core.handle(s(20), CoreEvent::Serving, &mut out);
+            assert_eq!(core.serve_deadline(), None);
+        }
+        core.handle(s(35), CoreEvent::Tick, &mut out);
+        if recovers {
+            assert!(!core.is_done(), "{out:?}");
+            continue;
+        }
+        assert!(
+            matches!(
+                out.last(),
+                Some(CoreAction::Done(RunEnd::Stalled {
+                    version: PolicyVersion(0),
+                    waited,
+                })) if *waited == s(30)
+            ),
+            "{out:?}"
+        );
+        let sum = core.close(s(35));
+        assert!(sum.accounting.balanced());
+        assert_eq!(sum.accounting.running, 0);
+    }
+}
+
 /// A stop while a step trains: rollout is aborted at once, the step is still synced and
 /// published, then the run ends as interrupted.
 #[test]

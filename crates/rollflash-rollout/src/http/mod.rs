@@ -226,6 +226,129 @@ impl HttpClient {
     }
 }
 
+/// Which API a server speaks, for [`probe_server`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerApi {
+    /// SGLang's native routes (SGLang, `rollflash serve`).
+    Sglang,
+    /// OpenAI-compatible routes (vLLM, `rollflash serve`, others).
+    OpenAi,
+}
+
+/// What a server says about itself, as far as its API tells.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// The served model: SGLang's `model_path`, or the first id of `/v1/models`.
+    pub model: Option<String>,
+    /// The version of the weights it generates with (SGLang's `weight_version`).
+    pub weight_version: Option<PolicyVersion>,
+    /// Rows of the model's output layer (`rollflash serve` reports it; SGLang and vLLM do
+    /// not).
+    pub vocab_size: Option<usize>,
+    /// The model's end-of-sequence tokens (`rollflash serve` reports them).
+    pub eos_token_ids: Option<Vec<u32>>,
+    /// The longest sequence it accepts (vLLM's `max_model_len` in `/v1/models`).
+    pub max_model_len: Option<usize>,
+}
+
+/// Asks the server at `cfg.base_url` whether it is up and what it serves: `GET /health`,
+/// then `GET /get_model_info` (SGLang) or `GET /v1/models` (OpenAI; then `/get_model_info`
+/// too where the server has it, as `rollflash serve` does). Every call is bounded by `cfg`'s
+/// timeouts and retries, so a server that is down is reported as `Unavailable` naming it.
+pub async fn probe_server(
+    cfg: &HttpBackendConfig,
+    api: ServerApi,
+) -> Result<ServerInfo, BackendError> {
+    let mut cfg = cfg.clone();
+    if api == ServerApi::OpenAi {
+        let trimmed = cfg.base_url.trim_end_matches('/');
+        cfg.base_url = trimmed.strip_suffix("/v1").unwrap_or(trimmed).to_string();
+    }
+    let http = HttpClient::new(&cfg)?;
+    match http.get("/health").await {
+        // OpenAI proper has no `/health`; `/v1/models` below is the liveness check there.
+        Err(BackendError::Unsupported { .. }) if api == ServerApi::OpenAi => {}
+        r => {
+            r?;
+        }
+    }
+    let mut info = ServerInfo::default();
+    if api == ServerApi::OpenAi {
+        let models = http.get("/v1/models").await?;
+        let first = models.pointer("/data/0");
+        info.model = first
+            .and_then(|m| m.get("id"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        info.max_model_len = first
+            .and_then(|m| m.get("max_model_len"))
+            .and_then(Value::as_u64)
+            .map(|n| n as usize);
+    }
+    let model_info = match http.get("/get_model_info").await {
+        Ok(v) => v,
+        Err(BackendError::Unsupported { .. }) if api == ServerApi::OpenAi => Value::Null,
+        Err(e) => return Err(e),
+    };
+    if info.model.is_none() {
+        info.model = model_info
+            .get("model_path")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+    }
+    info.weight_version = model_info
+        .get("weight_version")
+        .and_then(crate::server::parse_version);
+    info.vocab_size = model_info
+        .get("vocab_size")
+        .and_then(Value::as_u64)
+        .map(|n| n as usize);
+    info.eos_token_ids = model_info
+        .get("eos_token_ids")
+        .and_then(|v| serde_json::from_value(v.clone()).ok());
+    Ok(info)
+}
+
+/// The weights version the server reports it generates with now: SGLang's
+/// `GET /get_weight_version`, else `weight_version` in `GET /get_model_info`.
+pub(crate) async fn served_version(http: &HttpClient) -> Result<PolicyVersion, BackendError> {
+    let (route, answer) = match http.get("/get_weight_version").await {
+        Ok(v) => ("/get_weight_version", v),
+        Err(BackendError::Unsupported { .. }) => {
+            ("/get_model_info", http.get("/get_model_info").await?)
+        }
+        Err(e) => return Err(e),
+    };
+    answer
+        .get("weight_version")
+        .and_then(crate::server::parse_version)
+        .ok_or_else(|| {
+            http.protocol(
+                route,
+                "reports no integer `weight_version`, so the loaded weights cannot be verified",
+            )
+        })
+}
+
+/// After a load of `version`: the server must report serving it (never assumed: a load that
+/// answered success but left the old weights in place is an error).
+pub(crate) async fn verify_served_version(
+    http: &HttpClient,
+    version: PolicyVersion,
+) -> Result<(), BackendError> {
+    let served = served_version(http).await?;
+    if served != version {
+        return Err(BackendError::Protocol {
+            backend: http.name().to_string(),
+            reason: format!(
+                "after loading weights version {version} the server reports weight_version {served}"
+            ),
+            source: None,
+        });
+    }
+    Ok(())
+}
+
 /// Whether an `http://` URL names this machine.
 fn is_loopback(url: &str) -> bool {
     let rest = url.trim_start_matches("http://");

@@ -436,6 +436,7 @@ impl Backend for OpenAiBackend {
         };
         let answer = self.http.post(route, &body(path, *version)).await?;
         check_success(&self.http, route, &answer)?;
+        super::verify_served_version(&self.http, *version).await?;
         self.version.set(*version);
         Ok(())
     }

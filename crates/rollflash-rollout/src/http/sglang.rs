@@ -15,6 +15,10 @@
 //! `meta_info.finish_reason.type` (`stop`/`length`/`abort`), and versions from our
 //! `meta_info.output_token_versions`, else SGLang's `meta_info.weight_version` when it is a
 //! number, else the last version set through this backend.
+//!
+//! Weights: `POST /update_weights_from_disk {model_path, weight_version}`, then the served
+//! version is read back (`GET /get_weight_version`, else `/get_model_info`) and must be the
+//! one just loaded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -325,6 +329,7 @@ impl Backend for SglangBackend {
             )
             .await?;
         check_success(&self.http, "/update_weights_from_disk", &answer)?;
+        super::verify_served_version(&self.http, *version).await?;
         self.version.set(*version);
         Ok(())
     }

@@ -72,6 +72,9 @@ pub struct ServerConfig {
     pub eos_token_ids: Vec<u32>,
     /// `max_tokens` of a chat completion that does not give one.
     pub default_chat_max_tokens: usize,
+    /// The model's vocabulary (rows of its output layer), reported by `/get_model_info` so a
+    /// trainer can check that its model and this server's agree before it sends token ids.
+    pub vocab_size: Option<usize>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -84,6 +87,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("weights", &self.weights)
             .field("eos_token_ids", &self.eos_token_ids)
             .field("default_chat_max_tokens", &self.default_chat_max_tokens)
+            .field("vocab_size", &self.vocab_size)
             .finish()
     }
 }
@@ -97,6 +101,7 @@ impl Default for ServerConfig {
             weights: WeightsAccess::Disabled,
             eos_token_ids: Vec::new(),
             default_chat_max_tokens: 256,
+            vocab_size: None,
         }
     }
 }
@@ -225,6 +230,7 @@ fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/get_model_info", get(sglang::get_model_info))
         .route("/get_server_info", get(sglang::get_server_info))
+        .route("/get_weight_version", get(sglang::get_weight_version))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))

@@ -1,9 +1,11 @@
 //! The SGLang-native routes: `/generate` and the control routes an RL trainer uses
-//! (pause/continue, abort, update weights from disk), with SGLang's request and response shapes.
+//! (pause/continue, abort, update weights from disk, `get_weight_version`), with SGLang's
+//! request and response shapes.
 //!
 //! Extensions (ignored by SGLang clients, used by our `SglangBackend`): `meta_info` carries
 //! `output_token_versions` (the policy version of every output token), `weight_version` is
-//! always present, and a request may say `rollflash_resumed_len` to mark the tail of
+//! always present, `/get_model_info` adds `vocab_size` and `eos_token_ids`, and a request may
+//! say `rollflash_resumed_len` to mark the tail of
 //! `input_ids` as output of an earlier, aborted attempt.
 
 use std::sync::Arc;
@@ -366,7 +368,26 @@ pub(crate) async fn get_model_info(
         "preferred_sampling_params": Value::Null,
         "weight_version": load.version.0.to_string(),
         "has_chat_template": shared.chat_template.is_some(),
+        // Ours (SGLang reports neither): what a trainer checks its model against.
+        "vocab_size": shared.cfg.vocab_size,
+        "eos_token_ids": shared.cfg.eos_token_ids,
     })))
+}
+
+/// SGLang's `GET /get_weight_version`: `{"weight_version": "N"}`, the version of the
+/// weights generation uses now (what a trainer reads back after a load to verify it).
+pub(crate) async fn get_weight_version(
+    State(shared): State<Arc<Shared>>,
+) -> Result<Json<Value>, ApiError> {
+    // Not `current_version`: a version read back to verify a load must not default to 0.
+    let load = shared
+        .backend
+        .load()
+        .await
+        .map_err(|e| ApiError::from_backend(&e))?;
+    Ok(Json(
+        json!({ "weight_version": load.version.0.to_string() }),
+    ))
 }
 
 pub(crate) async fn get_server_info(

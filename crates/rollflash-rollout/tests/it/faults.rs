@@ -6,11 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use rollflash_core::proxy::RoundRobin;
+use rollflash_core::RequestId;
 use rollflash_core::{GenOutput, GenRequest, PauseMode, PolicyVersion, SamplingParams};
 use rollflash_rollout::{
-    Backend, BackendEntry, InstantBackend, LlmProxy, ProxyConfig, ProxyError, ProxyHandle,
-    WeightUpdate,
+    Backend, BackendEntry, BackendError, BackendLoad, InstantBackend, LlmProxy, ProxyConfig,
+    ProxyError, ProxyHandle, WeightUpdate,
 };
 
 fn entry(b: &Arc<InstantBackend>) -> BackendEntry {
@@ -77,7 +79,7 @@ async fn a_backend_whose_sync_failed_serves_nothing_until_it_holds_the_current_w
         .await
         .unwrap_err();
     assert!(
-        matches!(&e, ProxyError::Sync { version, failed } if *version == PolicyVersion(1) && failed == &["b".to_string()]),
+        matches!(&e, ProxyError::Sync { version, failed, .. } if *version == PolicyVersion(1) && failed == &["b".to_string()]),
         "{e}"
     );
     let served_by_b = b.served();
@@ -162,4 +164,86 @@ async fn catch_up_and_a_newer_sync_apply_in_order() {
     assert_all_tokens_at(&burst(&h, 16).await, 20);
     assert!(h.metrics().await.unwrap().backends.iter().all(|b| b.2));
     proxy.shutdown().await.unwrap();
+}
+
+/// A backend whose weight updates never return (a server wedged while loading), and that
+/// otherwise serves as the instant backend it wraps.
+struct WedgedUpdates(Arc<InstantBackend>);
+
+#[async_trait]
+impl Backend for WedgedUpdates {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
+        self.0.generate(req).await
+    }
+    async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
+        self.0.abort(id).await
+    }
+    async fn pause(&self, mode: PauseMode) -> Result<(), BackendError> {
+        self.0.pause(mode).await
+    }
+    async fn resume(&self) -> Result<(), BackendError> {
+        self.0.resume().await
+    }
+    async fn update_weights(&self, _: &WeightUpdate) -> Result<(), BackendError> {
+        std::future::pending().await
+    }
+    async fn load(&self) -> Result<BackendLoad, BackendError> {
+        self.0.load().await
+    }
+    async fn health(&self) -> Result<(), BackendError> {
+        self.0.health().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_weight_update_that_never_returns_costs_one_deadline_and_the_others_serve() {
+    let a = Arc::new(InstantBackend::with_delay("a", Duration::from_millis(5)));
+    let b = Arc::new(InstantBackend::with_delay("b", Duration::from_millis(5)));
+    let timeout = Duration::from_secs(30);
+    let proxy = LlmProxy::start(
+        vec![
+            entry(&a),
+            BackendEntry {
+                backend: Arc::new(WedgedUpdates(Arc::clone(&b))),
+                max_running_requests: 4,
+            },
+        ],
+        Box::new(RoundRobin::default()),
+        ProxyConfig {
+            update_timeout: timeout,
+            ..ProxyConfig::default()
+        },
+    );
+    let h = proxy.handle();
+    let t0 = tokio::time::Instant::now();
+    let e = h
+        .sync_weights(&update(1), PauseMode::Abort)
+        .await
+        .unwrap_err();
+    let waited = t0.elapsed();
+    assert!(
+        waited >= timeout && waited < timeout + Duration::from_secs(1),
+        "the sync took {waited:?}, not one update deadline ({timeout:?})"
+    );
+    let ProxyError::Sync {
+        failed, timings, ..
+    } = &e
+    else {
+        panic!("{e}");
+    };
+    assert_eq!(failed, &["b".to_string()]);
+    assert_eq!(timings.backends.len(), 2);
+    assert!(timings.backends[0].loaded && !timings.backends[1].loaded);
+    assert!(timings.backends[1].took >= timeout);
+    // The sync ended; a serves the new weights, b is out of rotation.
+    assert_all_tokens_at(&burst(&h, 8).await, 1);
+    assert_eq!(b.served(), 0);
+    assert!(!h.metrics().await.unwrap().backends[1].2);
+    // Its catch-ups are bounded too: shutdown is not held by them.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let c = proxy.shutdown().await.unwrap();
+    assert_eq!(c.failed, 0);
 }

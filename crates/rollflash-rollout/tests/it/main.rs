@@ -12,4 +12,5 @@ mod fuzz_http;
 mod http;
 mod paths;
 mod proxy;
+mod publish;
 mod vllm;

@@ -169,6 +169,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     };
     let served = load(&a)?;
     let version = PolicyVersion(a.weight_version);
+    let vocab_size = served.model.config().vocab_size;
     let backend = EngineBackend::start(
         Arc::new(served.model),
         version,
@@ -191,6 +192,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             max_body_bytes: a.max_body_bytes,
             weights,
             eos_token_ids: served.eos,
+            vocab_size: Some(vocab_size),
             ..ServerConfig::default()
         },
     };

@@ -65,6 +65,17 @@ pub fn run(a: TrainArgs) -> Result<()> {
         cfg.rollout.engine_threads,
         cfg.train.threads
     );
+    if !cfg.rollout.servers.is_empty() {
+        println!(
+            "rollout servers: {} (their threads are their own)",
+            cfg.rollout
+                .servers
+                .iter()
+                .map(|s| s.url.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     let opts = RunOptions {
         resume: a.resume.map(|d| match d {
             None => Resume::Latest,

@@ -291,3 +291,74 @@ fn write_tmp(text: &str) -> std::path::PathBuf {
     std::fs::write(&p, text).unwrap();
     p
 }
+
+/// `[[rollout.servers]]`: what a wrong entry says (the field, with its index), that servers
+/// may replace the engines, that the API key never reaches `--dry-run`'s output, and the
+/// resolved fleet in the plan.
+#[test]
+fn rollout_servers_are_validated_by_field_and_planned_beside_the_engines() {
+    use rollflash_run::plan::{BackendPlan, RunPlan};
+    let dir = tempfile::tempdir().unwrap();
+    let write = |body: &str| {
+        let p = dir.path().join("f.toml");
+        std::fs::write(&p, body).unwrap();
+        TrainConfig::load(Some(&p), &[]).map_err(|e| e.to_string())
+    };
+    let entry = |extra: &str| {
+        format!("[rollout]\nengines = 0\n[[rollout.servers]]\nkind = \"rollflash\"\nurl = \"http://127.0.0.1:30000\"\n{extra}")
+    };
+    for (extra, needle) in [
+        (
+            "max_running_requests = 0",
+            "rollout.servers[0].max_running_requests",
+        ),
+        ("timeout_secs = 0", "rollout.servers[0].timeout_secs"),
+        (
+            "api_key_env = \"ROLLFLASH_TEST_SURELY_UNSET_VAR\"",
+            "rollout.servers[0].api_key_env",
+        ),
+        ("weights = \"tensor\"", "weights"),
+        ("kind2 = 1", "kind2"),
+    ] {
+        let e = write(&entry(extra)).unwrap_err();
+        assert!(e.contains(needle), "{extra}: {e}");
+    }
+    let e = write(&entry("").replace("http://127.0.0.1:30000", "https://x")).unwrap_err();
+    assert!(e.contains("rollout.servers[0].url"), "{e}");
+    let e = write(&entry("").replace("rollflash", "triton")).unwrap_err();
+    assert!(e.contains("kind"), "{e}");
+    let two = format!(
+        "{}\n[[rollout.servers]]\nkind = \"sglang\"\nurl = \"http://127.0.0.1:30000\"\n",
+        entry("")
+    );
+    assert!(write(&two).unwrap_err().contains("rollout.servers[1].url"));
+
+    // Two engines and one server, an API key inline: planned as one fleet, key kept out of
+    // the printed config.
+    let c = write(
+        "[rollout]\nengines = 2\n[[rollout.servers]]\nkind = \"openai\"\nurl = \"http://10.0.0.5:8000\"\n\
+         api_key = \"sk-secret-123\"\nweights = \"none\"\n",
+    )
+    .unwrap();
+    assert!(!c.to_toml().unwrap().contains("sk-secret-123"));
+    assert!(!format!("{c:?}").contains("sk-secret-123"));
+    let plan = RunPlan::new(c).unwrap();
+    assert_eq!(plan.backends.len(), 3);
+    assert!(matches!(&plan.backends[2], BackendPlan::Remote { http, .. }
+        if http.api_key.as_deref() == Some("sk-secret-123")));
+    assert_eq!(plan.weights_dir, None, "no server loads from disk");
+    let text = plan.describe().join("\n");
+    assert!(
+        text.contains("http://10.0.0.5:8000: OpenAI-compatible server"),
+        "{text}"
+    );
+    assert!(text.contains("keeps its own weights"), "{text}");
+    assert!(!text.contains("sk-secret-123"));
+
+    // A disk server gets the default weights directory under output_dir.
+    let plan = RunPlan::new(write(&entry("")).unwrap()).unwrap();
+    assert_eq!(
+        plan.weights_dir,
+        Some(plan.config.output_dir.join("published"))
+    );
+}

@@ -10,6 +10,7 @@ mod config;
 mod dataset;
 mod env_serve;
 mod eval;
+mod fleet;
 mod fuzz_config;
 mod interrupt;
 mod prometheus;

@@ -1,0 +1,123 @@
+//! Weight publication for remote backends: one directory per version, written once however
+//! many backends ask, loadable as a whole model, older ones pruned; `DiskWeights` turns an
+//! in-process update into a disk one of that directory.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use rollflash_core::{GenOutput, GenRequest, PolicyVersion, RequestId};
+use rollflash_rollout::{
+    Backend, BackendError, BackendLoad, DiskWeights, FixedWeights, InstantBackend, PauseMode,
+    WeightPublisher, WeightUpdate,
+};
+
+use crate::common::tiny_model;
+
+/// Records the updates it is given, and serves as the instant backend it wraps.
+struct Recording {
+    inner: InstantBackend,
+    seen: Mutex<Vec<WeightUpdate>>,
+}
+
+#[async_trait]
+impl Backend for Recording {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
+        self.inner.generate(req).await
+    }
+    async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
+        self.inner.abort(id).await
+    }
+    async fn pause(&self, mode: PauseMode) -> Result<(), BackendError> {
+        self.inner.pause(mode).await
+    }
+    async fn resume(&self) -> Result<(), BackendError> {
+        self.inner.resume().await
+    }
+    async fn update_weights(&self, u: &WeightUpdate) -> Result<(), BackendError> {
+        self.seen.lock().unwrap().push(u.clone());
+        self.inner.update_weights(u).await
+    }
+    async fn load(&self) -> Result<BackendLoad, BackendError> {
+        self.inner.load().await
+    }
+    async fn health(&self) -> Result<(), BackendError> {
+        self.inner.health().await
+    }
+}
+
+#[tokio::test]
+async fn each_version_is_one_loadable_directory_and_old_ones_are_pruned() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(3);
+    let publisher = Arc::new(
+        WeightPublisher::new(tmp.path().join("w"), 2, model.config().clone(), None).unwrap(),
+    );
+    let rec: Vec<Arc<Recording>> = (0..2)
+        .map(|i| {
+            Arc::new(Recording {
+                inner: InstantBackend::new(format!("r{i}")),
+                seen: Mutex::new(Vec::new()),
+            })
+        })
+        .collect();
+    let wrapped: Vec<DiskWeights> = rec
+        .iter()
+        .map(|r| DiskWeights::new(Arc::clone(r) as Arc<dyn Backend>, Arc::clone(&publisher)))
+        .collect();
+    for v in 1..=3 {
+        let update = WeightUpdate::InProcess {
+            model: Arc::clone(&model),
+            version: PolicyVersion(v),
+        };
+        let (a, b) = tokio::join!(
+            wrapped[0].update_weights(&update),
+            wrapped[1].update_weights(&update)
+        );
+        a.unwrap();
+        b.unwrap();
+    }
+    for r in &rec {
+        let seen = r.seen.lock().unwrap();
+        assert_eq!(seen.len(), 3);
+        for (i, u) in seen.iter().enumerate() {
+            let WeightUpdate::Disk { path, version } = u else {
+                panic!("in-process weights reached a remote backend: {u:?}");
+            };
+            assert_eq!(*version, PolicyVersion(i as u64 + 1));
+            assert_eq!(path, &publisher.dir_of(*version));
+        }
+    }
+    // The newest two remain, complete (no temporary directory left), and load as the model.
+    let mut names: Vec<String> = std::fs::read_dir(publisher.root())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["v00000002", "v00000003"]);
+    assert!(publisher.root().is_absolute());
+    let dir = publisher.dir_of(PolicyVersion(3));
+    let loaded = rollflash_model::hf::load_weights(&dir, &candle_core::Device::Cpu).unwrap();
+    assert_eq!(loaded.max_abs_diff(&model.weights()).unwrap(), 0.0);
+}
+
+#[tokio::test]
+async fn a_fixed_weights_server_takes_only_the_version_it_serves() {
+    let b = FixedWeights::new(Arc::new(InstantBackend::new("judge")), PolicyVersion(0));
+    b.update_weights(&WeightUpdate::Disk {
+        path: "x".into(),
+        version: PolicyVersion(0),
+    })
+    .await
+    .unwrap();
+    let e = b
+        .update_weights(&WeightUpdate::Disk {
+            path: "x".into(),
+            version: PolicyVersion(1),
+        })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("weights = \"none\""), "{e}");
+}

@@ -1,0 +1,320 @@
+//! `rollflash train` on a fleet of real `rollflash serve` processes on loopback, no embedded
+//! engine: one reached through its SGLang-native API (`kind = "sglang"`), one through its
+//! OpenAI-compatible API (`kind = "openai"`, weights through the SGLang disk route it also
+//! has). The learner publishes every version under `rollout.weights_dir`; both load it and
+//! report serving it. After step 2 the OpenAI one is killed (SIGKILL, no goodbye): the run
+//! finishes on the other. Checked from what the run writes and what the server says:
+//! accounting balanced at every step, every trained sample counted once (the per-step
+//! samples add up to the cumulative `trained`), staleness never above ⌈α⌉, the survivor at
+//! the final version. A server that is down at start is named in the refusal; a fleet that
+//! all goes down mid-run stops the run after `controller.serve_timeout_secs` with a
+//! checkpoint and a message, not a hang.
+//!
+//! About 25 s on a quiet 2-core machine (two servers and the trainer share it).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const STEPS: u64 = 5;
+const KILL_AFTER: usize = 2;
+
+/// A running `rollflash serve`, killed when dropped.
+struct Server {
+    child: Child,
+    _stdout: BufReader<ChildStdout>,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `rollflash serve` of the built-in model (weights from another seed than the trainer's: the
+/// run's first load replaces them), loading weights only from under `root`.
+fn serve(root: &Path, log: &Path) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rollflash"))
+        .args(["serve", "--port", "0", "--threads", "1", "--init-seed", "9"])
+        .arg("--weights-root")
+        .arg(root)
+        .env_remove("ROLLFLASH_API_KEY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("spawning rollflash serve");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("rollflash serve did not start: {line:?}"))
+        .to_string();
+    Server {
+        child,
+        _stdout: stdout,
+        url,
+    }
+}
+
+/// The config of the run: the tiny FrozenLake settings, no engine, two servers.
+fn write_config(dir: &Path, servers: &[(&str, &str)]) -> std::path::PathBuf {
+    let mut toml = format!(
+        "[rollout]\nengines = 0\nweights_dir = {:?}\nserver_check_timeout_secs = 20\n\
+         weight_sync_timeout_secs = 20\n",
+        dir.join("published").display().to_string()
+    );
+    for (kind, url) in servers {
+        toml.push_str(&format!(
+            "\n[[rollout.servers]]\nkind = \"{kind}\"\nurl = \"{url}\"\nmax_running_requests = 8\n\
+             timeout_secs = 30\nconnect_timeout_secs = 2\n"
+        ));
+    }
+    let path = dir.join("fleet.toml");
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+fn train(dir: &Path, config: &Path) -> Child {
+    train_with(dir, config, &[])
+}
+
+fn train_with(dir: &Path, config: &Path, extra: &[&str]) -> Child {
+    let mut sets = crate::util::tiny_lake_sets(dir);
+    sets.extend([
+        "seed=3".into(),
+        "warmup.steps=0".into(),
+        "buffer.alpha=1".into(),
+        format!("train.steps={STEPS}"),
+        "controller.serve_timeout_secs=20".into(),
+        "metrics.report=false".into(),
+    ]);
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollflash"));
+    cmd.arg("train").arg("--config").arg(config);
+    for s in sets {
+        cmd.arg("--set").arg(s);
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join("train.out")).unwrap())
+        .stderr(std::fs::File::create(dir.join("train.err")).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+fn metrics(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The version a server reports serving (SGLang's `GET /get_weight_version`).
+fn served_version(url: &str) -> u64 {
+    let body = get_json(format!("{url}/get_weight_version"));
+    body["weight_version"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{url}: no weight_version in {body}"))
+}
+
+/// A GET from a test thread, on a one-off runtime.
+fn get_json(url: String) -> Value {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async move {
+            reqwest::Client::builder()
+                .no_proxy()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap()
+                .get(url)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap()
+        })
+}
+
+fn wait_exit(child: &mut Child, limit: Duration, dir: &Path) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            panic!(
+                "rollflash train did not finish within {limit:?}; stderr:\n{}",
+                std::fs::read_to_string(dir.join("train.err")).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_run_on_two_servers_survives_losing_one_and_ends_with_the_other_at_the_final_version() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let published = dir.join("published");
+    std::fs::create_dir_all(&published).unwrap();
+    let sglang = serve(&published, &dir.join("serve-a.err"));
+    let mut openai = serve(&published, &dir.join("serve-b.err"));
+    let config = write_config(dir, &[("sglang", &sglang.url), ("openai", &openai.url)]);
+    let mut run = train(dir, &config);
+
+    // After step KILL_AFTER (both servers took part in its sync), kill the OpenAI one.
+    let t = Instant::now();
+    while metrics(dir).len() < KILL_AFTER {
+        if let Some(s) = run.try_wait().unwrap() {
+            panic!(
+                "the run ended early ({s}): {}",
+                std::fs::read_to_string(dir.join("train.err")).unwrap_or_default()
+            );
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no step {KILL_AFTER} within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        served_version(&openai.url) >= KILL_AFTER as u64,
+        "the OpenAI server took part in the syncs"
+    );
+    openai.child.kill().unwrap();
+    openai.child.wait().unwrap();
+
+    let status = wait_exit(&mut run, Duration::from_secs(90), dir);
+    let err = std::fs::read_to_string(dir.join("train.err")).unwrap_or_default();
+    assert!(status.success(), "the run failed: {status}\n{err}");
+
+    let m = metrics(dir);
+    assert_eq!(m.len() as u64, STEPS, "every step recorded");
+    let mut trained = 0;
+    for (i, s) in m.iter().enumerate() {
+        let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("step {i}: no {k}"));
+        assert_eq!(
+            n("started"),
+            n("trained")
+                + n("filtered")
+                + n("dropped_stale")
+                + n("aborted")
+                + n("failed")
+                + n("running")
+                + n("buffered"),
+            "step {i}: accounting unbalanced: {s}"
+        );
+        trained += n("samples");
+        assert_eq!(
+            n("trained"),
+            trained,
+            "step {i}: a sample counted twice or lost"
+        );
+        assert!(
+            n("staleness_max") <= 1,
+            "step {i}: staleness above ⌈α⌉ = 1: {s}"
+        );
+        if i < KILL_AFTER {
+            let by = s["weight_sync_ms_by_backend"]
+                .as_object()
+                .unwrap_or_else(|| panic!("step {i}: no per-backend sync times: {s}"));
+            assert_eq!(by.len(), 2);
+            assert!(by.values().all(Value::is_number), "both loaded: {s}");
+        }
+    }
+    // The survivor serves the final version; versions were published as directories and
+    // pruned to the newest two.
+    assert_eq!(served_version(&sglang.url), STEPS);
+    let mut kept: Vec<String> = std::fs::read_dir(&published)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, [format!("v{:08}", STEPS - 1), format!("v{STEPS:08}")]);
+}
+
+#[test]
+fn a_server_that_is_down_at_start_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // A port nothing listens on: bind one, note it, close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let config = write_config(dir, &[("rollflash", &url)]);
+    let mut run = train(dir, &config);
+    let status = wait_exit(&mut run, Duration::from_secs(60), dir);
+    let err = std::fs::read_to_string(dir.join("train.err")).unwrap_or_default();
+    assert!(!status.success());
+    assert!(
+        err.contains(&url) && err.contains("is down"),
+        "the refusal names the server: {err}"
+    );
+}
+
+#[test]
+fn a_fleet_that_all_goes_down_stops_the_run_with_a_checkpoint_after_the_serve_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let published = dir.join("published");
+    std::fs::create_dir_all(&published).unwrap();
+    let mut only = serve(&published, &dir.join("serve.err"));
+    let config = write_config(dir, &[("rollflash", &only.url)]);
+    let mut run = train_with(
+        dir,
+        &config,
+        &["train.steps=50", "controller.serve_timeout_secs=3"],
+    );
+    let t = Instant::now();
+    while metrics(dir).is_empty() {
+        assert!(run.try_wait().unwrap().is_none(), "the run ended early");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no first step within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    only.child.kill().unwrap();
+    only.child.wait().unwrap();
+    let killed = Instant::now();
+    let status = wait_exit(&mut run, Duration::from_secs(60), dir);
+    let waited = killed.elapsed();
+    eprintln!("stopped {waited:?} after the last server was killed");
+    let err = std::fs::read_to_string(dir.join("train.err")).unwrap_or_default();
+    assert!(
+        !status.success(),
+        "a run with no backend left cannot succeed"
+    );
+    assert!(
+        err.contains("no rollout backend has served policy") && err.contains("checkpoint"),
+        "the message says why it stopped: {err}"
+    );
+    assert!(
+        waited < Duration::from_secs(30),
+        "stopped {waited:?} after the kill"
+    );
+    let ckpts: Vec<_> = std::fs::read_dir(dir.join("checkpoints"))
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(
+        ckpts.iter().any(|c| c.join("state.json").exists()),
+        "a resumable checkpoint of where it stopped ({ckpts:?}): {err}"
+    );
+}
