@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::dataset::{
-    seeded_rng, uniform_below, DatasetConfig, DatasetError, DatasetFormat, Record, RowRef,
-    DEFAULT_MAX_ROW_BYTES,
+    prompt_messages, seeded_rng, uniform_below, DatasetConfig, DatasetError, DatasetFormat,
+    PromptMessage, Record, RowRef, DEFAULT_MAX_ROW_BYTES,
 };
 use crate::env::{Env, EnvError, Reset, Step};
 use crate::envs::config_error;
@@ -164,6 +164,12 @@ pub struct DatasetTaskConfig {
     /// Field holding the prompt (a string).
     #[serde(default = "default_prompt")]
     pub prompt: String,
+    /// Field holding the prompt as a conversation, `[{"role", "content"}]` (roles `system`,
+    /// `user`, `assistant`, `tool`; the last one the user's), used instead of `prompt`. It is
+    /// rendered through the model's chat template as it is; without one, the contents a blank
+    /// line apart. Exclusive with `template`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<String>,
     /// Field holding the reference answer (a string or number; a worked solution ending in
     /// `#### 72` or holding `\boxed{…}` works as is).
     #[serde(default = "default_answer")]
@@ -210,6 +216,7 @@ impl DatasetTaskConfig {
             heldout: Vec::new(),
             heldout_fraction: 0.0,
             prompt: default_prompt(),
+            messages: None,
             answer: default_answer(),
             system: None,
             id: None,
@@ -264,6 +271,7 @@ impl DatasetTaskConfig {
         let fields = [
             ("prompt", Some(&self.prompt)),
             ("answer", Some(&self.answer)),
+            ("messages", self.messages.as_ref()),
             ("system", self.system.as_ref()),
             ("id", self.id.as_ref()),
         ];
@@ -271,6 +279,12 @@ impl DatasetTaskConfig {
             if value.is_some_and(|v| v.is_empty()) {
                 return Err(config_error(name, "must not be empty"));
             }
+        }
+        if self.messages.is_some() && self.template.is_some() {
+            return Err(config_error(
+                "template",
+                "a template renders a string prompt; with `messages` the conversation is the prompt (unset one of them)",
+            ));
         }
         for (name, value) in &fields[2..] {
             if value.is_some_and(|v| *v == self.prompt || *v == self.answer) {
@@ -367,8 +381,14 @@ pub enum DataError {
 /// One prepared row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskRow {
-    /// The observation: system text (if any), a blank line, and the rendered prompt.
+    /// The observation as plain text (for models without a chat template): system text (if
+    /// any), a blank line, and the rendered prompt; for a conversation, its contents a blank
+    /// line apart.
     pub prompt: String,
+    /// The same prompt as chat messages (the system text as a system message), what a chat
+    /// template renders; `Reset::info["messages"]` carries it (see
+    /// [`crate::env::PROMPT_MESSAGES`]).
+    pub messages: Vec<PromptMessage>,
     /// The reference answer, as in the file.
     pub answer: String,
     /// The row's id field, or `file:line`.
@@ -494,7 +514,8 @@ fn shuffle(len: usize, words: [u64; 4]) -> Vec<u32> {
 fn load_file(cfg: &DatasetTaskConfig, file: &DataFile) -> Result<Vec<TaskRow>, DataError> {
     let dcfg = DatasetConfig {
         path: file.path.clone(),
-        prompt_field: cfg.prompt.clone(),
+        prompt_field: cfg.messages.clone().unwrap_or_else(|| cfg.prompt.clone()),
+        prompt_messages: cfg.messages.is_some(),
         answer_field: cfg.answer.clone(),
         format: file.format,
         max_row_bytes: cfg.max_row_bytes,
@@ -560,8 +581,14 @@ fn prepare_row(
                 }),
             }
         };
+    let conversation = match &cfg.messages {
+        Some(field) => prompt_messages(&r, field),
+        None => None,
+    };
     let mut fields = r.extra;
-    fields.insert(cfg.prompt.clone(), Value::String(r.prompt.clone()));
+    if cfg.messages.is_none() {
+        fields.insert(cfg.prompt.clone(), Value::String(r.prompt.clone()));
+    }
     fields.insert(cfg.answer.clone(), Value::String(r.answer.clone()));
     let prompt = match &cfg.template {
         None => r.prompt,
@@ -600,12 +627,31 @@ fn prepare_row(
             answer: r.answer.chars().take(80).collect(),
         });
     }
-    let prompt = match system {
-        Some(s) if !s.is_empty() => format!("{s}\n\n{prompt}"),
-        _ => prompt,
+    // A conversation's own system message wins over the `system` field.
+    let mut messages = conversation.unwrap_or_else(|| {
+        vec![PromptMessage {
+            role: "user".into(),
+            content: prompt.clone(),
+        }]
+    });
+    let system =
+        system.filter(|s| !s.is_empty() && messages.first().is_none_or(|m| m.role != "system"));
+    let prompt = match &system {
+        Some(s) => format!("{s}\n\n{prompt}"),
+        None => prompt,
     };
+    if let Some(s) = system {
+        messages.insert(
+            0,
+            PromptMessage {
+                role: "system".into(),
+                content: s,
+            },
+        );
+    }
     Ok(TaskRow {
         prompt,
+        messages,
         answer: r.answer,
         id,
     })
@@ -803,6 +849,10 @@ impl Env for DatasetEnv {
         info.insert(
             "split".into(),
             json!(if held { "heldout" } else { "train" }),
+        );
+        info.insert(
+            crate::env::PROMPT_MESSAGES.into(),
+            serde_json::to_value(&row.messages).unwrap_or(Value::Null),
         );
         let observation = row.prompt.clone();
         self.current = Some((row.clone(), held));

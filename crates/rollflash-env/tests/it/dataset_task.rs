@@ -438,3 +438,154 @@ async fn files_are_loaded_once_per_config_and_its_clones() {
         .to_string()
         .contains("t.jsonl"));
 }
+
+/// A conversation prompt (`messages = "…"`) reaches the reset as chat messages, with the
+/// `system` field prepended when the conversation has no system message; its plain form is
+/// the contents a blank line apart. JSONL and Parquet (a list of `{role, content}` structs,
+/// as verl's and TRL's conversational datasets store it) alike.
+#[tokio::test]
+async fn conversation_prompts_become_chat_messages_with_the_system_field() {
+    use arrow_array::builder::{ListBuilder, StringBuilder, StructBuilder};
+    use arrow_schema::{DataType, Field};
+    let dir = tempfile::tempdir().unwrap();
+    let rows = [
+        json!({"id": "a", "sys": "Be terse.", "answer": "7",
+               "chat": [{"role": "user", "content": "3+4?"}]}),
+        json!({"id": "b", "sys": "ignored", "answer": "8",
+               "chat": [{"role": "system", "content": "Own system."},
+                        {"role": "user", "content": "Example: 1+1?"},
+                        {"role": "assistant", "content": "2"},
+                        {"role": "user", "content": "5+3?"}]}),
+    ];
+    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    let jsonl = write(&dir, "chat.jsonl", &text);
+    // The same rows as Parquet.
+    let pq = dir.path().join("chat.parquet");
+    let fields = vec![
+        Field::new("role", DataType::Utf8, true),
+        Field::new("content", DataType::Utf8, true),
+    ];
+    let mut chat = ListBuilder::new(StructBuilder::from_fields(fields, 4));
+    for r in &rows {
+        for m in r["chat"].as_array().unwrap() {
+            let s = chat.values();
+            for (k, key) in ["role", "content"].iter().enumerate() {
+                s.field_builder::<StringBuilder>(k)
+                    .unwrap()
+                    .append_value(m[*key].as_str().unwrap());
+            }
+            s.append(true);
+        }
+        chat.append(true);
+    }
+    let cols: Vec<(&str, ArrayRef)> = vec![
+        ("id", Arc::new(StringArray::from(vec!["a", "b"]))),
+        (
+            "sys",
+            Arc::new(StringArray::from(vec!["Be terse.", "ignored"])),
+        ),
+        ("answer", Arc::new(StringArray::from(vec!["7", "8"]))),
+        ("chat", Arc::new(chat.finish())),
+    ];
+    let batch = RecordBatch::try_from_iter(cols).unwrap();
+    let mut w =
+        ArrowWriter::try_new(std::fs::File::create(&pq).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    for path in [jsonl, pq] {
+        let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
+        c.messages = Some("chat".into());
+        c.system = Some("sys".into());
+        c.id = Some("id".into());
+        let mut env = DatasetEnv::new(&c).unwrap();
+        let mut by_id = std::collections::HashMap::new();
+        for s in 0..2 {
+            let r = env.reset(s).await.unwrap();
+            let id = r.info["id"].as_str().unwrap().to_string();
+            let answer = if id == "a" {
+                "\\boxed{7}"
+            } else {
+                "\\boxed{8}"
+            };
+            assert_eq!(env.step(answer).await.unwrap().reward, 1.0);
+            by_id.insert(id, r);
+        }
+        let roles = |id: &str| -> Vec<(String, String)> {
+            by_id[id]
+                .messages()
+                .unwrap()
+                .into_iter()
+                .map(|m| (m.role, m.content))
+                .collect()
+        };
+        let p = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(
+            roles("a"),
+            vec![p("system", "Be terse."), p("user", "3+4?")],
+            "{path:?}"
+        );
+        assert_eq!(by_id["a"].observation, "Be terse.\n\n3+4?");
+        assert_eq!(
+            roles("b"),
+            vec![
+                p("system", "Own system."),
+                p("user", "Example: 1+1?"),
+                p("assistant", "2"),
+                p("user", "5+3?")
+            ],
+            "the conversation's own system message wins: {path:?}"
+        );
+        assert_eq!(
+            by_id["b"].observation,
+            "Own system.\n\nExample: 1+1?\n\n2\n\n5+3?"
+        );
+    }
+}
+
+/// A string prompt is one user message (with the system field before it).
+#[tokio::test]
+async fn a_string_prompt_is_one_user_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "t.jsonl", &arith_rows(1, 0));
+    let mut env = DatasetEnv::new(&task(vec![DataFile::new(&path)])).unwrap();
+    let r = env.reset(0).await.unwrap();
+    let m = r.messages().unwrap();
+    assert_eq!(m.len(), 1);
+    assert_eq!((m[0].role.as_str(), m[0].content.as_str()), ("user", "0+1"));
+}
+
+/// Bad conversations name the file, the line and the message's field.
+#[test]
+fn bad_conversations_name_file_row_and_message_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = json!({"answer": "1", "chat": [{"role": "user", "content": "q"}]});
+    let cases = [
+        (json!({"answer": "1", "chat": "q"}), "`chat`"),
+        (json!({"answer": "1", "chat": []}), "`chat`: no messages"),
+        (
+            json!({"answer": "1", "chat": [{"role": "usr", "content": "q"}]}),
+            "`chat[0].role`: unknown role",
+        ),
+        (
+            json!({"answer": "1", "chat": [{"role": "user"}]}),
+            "`chat[0].content`: missing",
+        ),
+        (
+            json!({"answer": "1", "chat": [{"role": "user", "content": "q"},
+                                           {"role": "assistant", "content": "a"}]}),
+            "`chat[1].role`: the last message must be the user's",
+        ),
+    ];
+    for (i, (bad, part)) in cases.into_iter().enumerate() {
+        let path = write(&dir, &format!("bad{i}.jsonl"), &format!("{good}\n{bad}\n"));
+        let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
+        c.messages = Some("chat".into());
+        config_err(&c, &[&format!("bad{i}.jsonl"), "line 2", part]);
+    }
+    // A template renders string prompts only.
+    let path = write(&dir, "ok.jsonl", &format!("{good}\n"));
+    let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
+    c.messages = Some("chat".into());
+    c.template = Some("{chat}".into());
+    config_err(&c, &["template", "messages"]);
+}
