@@ -1,4 +1,9 @@
-//! The dataset task: single-turn prompts from the user's JSONL or Parquet files, scored by the math verifier, with a held-out split for evaluation.
+//! The dataset task: single-turn prompts from the user's JSONL or Parquet files, scored by the math verifier or the countdown check, with a held-out split for evaluation.
+//!
+//! **Rows.** A prompt is a string field (optionally through a `{field}` template) or a
+//! conversation field (`[{"role", "content"}]`), with an optional per-row system text and id.
+//! **Rewards**: the math verifier on the answer marked by a listed `extract` rule, or the
+//! countdown check (`reward = "countdown"`), plus an optional weighted format reward.
 //!
 //! **Rows for seeds.** A task seed below [`HELD_OUT_SEED_BASE`] is a training task:
 //! position `p = seed - seed_origin` falls in epoch `p / L` at offset `p % L`, where `L` is
@@ -33,7 +38,7 @@ use crate::dataset::{
 use crate::env::{Env, EnvError, Reset, Step};
 use crate::envs::config_error;
 use crate::verify::math::{extract_answer, reference_answer, Rule};
-use crate::verify::{FormatVerifier, MathVerifier, Reward, Verifier};
+use crate::verify::{CountdownVerifier, FormatVerifier, MathVerifier, Reward, Verifier};
 
 /// The first held-out task seed; `rollflash train` evaluates on `HELD_OUT_SEED_BASE + i`.
 pub const HELD_OUT_SEED_BASE: u64 = 1 << 40;
@@ -104,6 +109,21 @@ impl AnswerRule {
                 | (AnswerRule::LastNumber, Rule::LastNumber)
         )
     }
+}
+
+/// What a response is scored by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DatasetReward {
+    /// [`MathVerifier`]: the answer marked by a rule of `extract`, equivalent to the
+    /// reference answer.
+    #[default]
+    Math,
+    /// The countdown game ([`CountdownVerifier`]): the response's `<answer>…</answer>` (else
+    /// its last `\boxed{…}`) is an expression that uses each of the row's numbers (the
+    /// `numbers` field) exactly once and equals the target (the `answer` field). `extract`
+    /// does not apply.
+    Countdown,
 }
 
 fn default_rules() -> Vec<AnswerRule> {
@@ -194,6 +214,13 @@ pub struct DatasetTaskConfig {
     /// answer's; 0 = none.
     #[serde(default)]
     pub format_weight: f64,
+    /// What scores a response: `math` (the default) or `countdown`.
+    #[serde(default)]
+    pub reward: DatasetReward,
+    /// With `reward = "countdown"`: the field holding the numbers to use (a list of integers,
+    /// or a string of them separated by commas or spaces); `None` = `numbers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numbers: Option<String>,
     /// Seed of the epoch shuffles, the mixture subsets and the held-out fraction.
     #[serde(default)]
     pub shuffle_seed: u64,
@@ -223,6 +250,8 @@ impl DatasetTaskConfig {
             template: None,
             extract: default_rules(),
             format_weight: 0.0,
+            reward: DatasetReward::Math,
+            numbers: None,
             shuffle_seed: 0,
             seed_origin: 0,
             max_row_bytes: default_max_row_bytes(),
@@ -290,6 +319,12 @@ impl DatasetTaskConfig {
             if value.is_some_and(|v| *v == self.prompt || *v == self.answer) {
                 return Err(config_error(name, "must differ from `prompt` and `answer`"));
             }
+        }
+        if self.numbers.is_some() && self.reward != DatasetReward::Countdown {
+            return Err(config_error(
+                "numbers",
+                "is the countdown reward's field; set reward = \"countdown\" or unset it",
+            ));
         }
         if self.extract.is_empty() {
             return Err(config_error("extract", "needs at least one rule"));
@@ -372,6 +407,14 @@ pub enum DataError {
         at: RowRef,
         field: String,
         answer: String,
+    },
+    /// A countdown row's numbers or target is not what the game needs.
+    #[error("dataset: {}: {at}: field `{field}`: {reason}", path.display())]
+    BadCountdown {
+        path: PathBuf,
+        at: RowRef,
+        field: String,
+        reason: String,
     },
     /// After holding out `heldout_fraction`, no training rows are left.
     #[error("dataset: holding out a fraction of {fraction} leaves no training rows")]
@@ -616,17 +659,23 @@ fn prepare_row(
         None => None,
     }
     .unwrap_or_else(|| format!("{}:{}", path.display(), at));
-    // The weakest check that still catches an answer no response could ever match: the
-    // reference's own answer, boxed, must be credited.
-    let boxed = format!("\\boxed{{{}}}", reference_answer(&r.answer));
-    if MathVerifier::strict().score(&boxed, &r.answer).value < 1.0 {
-        return Err(DataError::UnparsableAnswer {
-            path: path.to_path_buf(),
-            at,
-            field: cfg.answer.clone(),
-            answer: r.answer.chars().take(80).collect(),
-        });
-    }
+    let answer = match cfg.reward {
+        DatasetReward::Math => {
+            // The weakest check that still catches an answer no response could ever match:
+            // the reference's own answer, boxed, must be credited.
+            let boxed = format!("\\boxed{{{}}}", reference_answer(&r.answer));
+            if MathVerifier::strict().score(&boxed, &r.answer).value < 1.0 {
+                return Err(DataError::UnparsableAnswer {
+                    path: path.to_path_buf(),
+                    at,
+                    field: cfg.answer.clone(),
+                    answer: r.answer.chars().take(80).collect(),
+                });
+            }
+            r.answer
+        }
+        DatasetReward::Countdown => countdown_reference(cfg, path, at, &r.answer, &fields)?,
+    };
     // A conversation's own system message wins over the `system` field.
     let mut messages = conversation.unwrap_or_else(|| {
         vec![PromptMessage {
@@ -652,9 +701,57 @@ fn prepare_row(
     Ok(TaskRow {
         prompt,
         messages,
-        answer: r.answer,
+        answer,
         id,
     })
+}
+
+/// A countdown row's reference, the JSON [`CountdownVerifier`] reads
+/// (`{"numbers": [...], "target": t}`), from its target (the answer field) and numbers.
+fn countdown_reference(
+    cfg: &DatasetTaskConfig,
+    path: &Path,
+    at: RowRef,
+    target: &str,
+    fields: &Map<String, Value>,
+) -> Result<String, DataError> {
+    let bad = |field: &str, reason: String| DataError::BadCountdown {
+        path: path.to_path_buf(),
+        at,
+        field: field.to_string(),
+        reason,
+    };
+    let target: i64 = target.trim().parse().map_err(|_| {
+        bad(
+            &cfg.answer,
+            format!("the target {target:?} is not an integer"),
+        )
+    })?;
+    let field = cfg.numbers.as_deref().unwrap_or("numbers");
+    let numbers: Vec<i64> = match fields.get(field) {
+        None => return Err(bad(field, "missing (the numbers to use)".into())),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_i64().ok_or(()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad(field, "expected a list of integers".into()))?,
+        Some(Value::String(s)) => s
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|t| !t.is_empty())
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad(field, format!("{s:?} is not a list of integers")))?,
+        Some(v) => {
+            return Err(bad(
+                field,
+                format!("expected a list of integers, found {}", json_type(v)),
+            ))
+        }
+    };
+    if numbers.is_empty() {
+        return Err(bad(field, "no numbers".into()));
+    }
+    Ok(json!({"numbers": numbers, "target": target}).to_string())
 }
 
 impl LoadedData {
@@ -781,6 +878,7 @@ pub struct DatasetEnv {
     seed_origin: u64,
     extract: Vec<AnswerRule>,
     format_weight: f64,
+    reward: DatasetReward,
     /// The row posed by the last `reset` and whether it is held out, until answered.
     current: Option<(TaskRow, bool)>,
     started: bool,
@@ -803,6 +901,7 @@ impl DatasetEnv {
             seed_origin: cfg.seed_origin,
             extract: cfg.extract.clone(),
             format_weight: cfg.format_weight,
+            reward: cfg.reward,
             current: None,
             started: false,
         })
@@ -815,6 +914,10 @@ impl DatasetEnv {
 
     /// The answer's reward: the math verifier's, when the answer is marked by a listed rule.
     fn answer_reward(&self, response: &str, reference: &str) -> Reward {
+        if self.reward == DatasetReward::Countdown {
+            // Only a solution counts; the format has its own weight.
+            return CountdownVerifier { format_score: 0.0 }.score(response, reference);
+        }
         let last_number = self.extract.contains(&AnswerRule::LastNumber);
         match extract_answer(response, last_number) {
             None => Reward::zero("no answer found"),
@@ -883,7 +986,10 @@ impl Env for DatasetEnv {
         }
         // The answer alone, however it is marked (the last number counts too): tells the
         // task apart from the format in what RL improves, as the math task does.
-        let lenient = MathVerifier::default().score(action, &row.answer).value;
+        let lenient = match self.reward {
+            DatasetReward::Math => MathVerifier::default().score(action, &row.answer).value,
+            DatasetReward::Countdown => answer.value,
+        };
         info.insert("format_free".into(), json!(lenient));
         Ok(Step {
             observation: String::new(),

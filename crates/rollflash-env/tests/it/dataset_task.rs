@@ -589,3 +589,71 @@ fn bad_conversations_name_file_row_and_message_field() {
     c.template = Some("{chat}".into());
     config_err(&c, &["template", "messages"]);
 }
+
+/// `reward = "countdown"`: the answer field is the target, the numbers field the numbers;
+/// a solution scores 1, a wrong or unmarked one 0, the format reward adds its weight; bad
+/// rows name file, line and field.
+#[tokio::test]
+async fn countdown_rows_are_scored_by_the_countdown_check() {
+    use rollflash_env::envs::dataset::DatasetReward;
+    let dir = tempfile::tempdir().unwrap();
+    let rows = [
+        json!({"q": "Use 3 5 7 to make 22", "target": 22, "nums": [3, 5, 7]}),
+        json!({"q": "Use 2 4 to make 8", "target": "8", "nums": "2, 4"}),
+    ];
+    let path = write(
+        &dir,
+        "cd.jsonl",
+        &rows.iter().map(|r| format!("{r}\n")).collect::<String>(),
+    );
+    let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
+    c.prompt = "q".into();
+    c.answer = "target".into();
+    c.reward = DatasetReward::Countdown;
+    c.numbers = Some("nums".into());
+    c.format_weight = 0.5;
+    let mut env = DatasetEnv::new(&c).unwrap();
+    for seed in 0..2 {
+        let r = env.reset(seed).await.unwrap();
+        let (right, wrong) = if r.observation.contains("22") {
+            ("3*5+7", "3+5+7")
+        } else {
+            ("2*4", "4-2")
+        };
+        let good = format!("<think>ok</think><answer>{right}</answer>");
+        assert_eq!(env.step(&good).await.unwrap().reward, 1.5, "{good}");
+        env.reset(seed).await.unwrap();
+        let s = env
+            .step(&format!("<answer>{wrong}</answer>"))
+            .await
+            .unwrap();
+        assert_eq!(s.info["correct"], json!(0.0), "{wrong}");
+        env.reset(seed).await.unwrap();
+        let s = env.step(&format!("\\boxed{{{right}}}")).await.unwrap();
+        assert_eq!(
+            s.info["correct"],
+            json!(1.0),
+            "a boxed expression counts too"
+        );
+    }
+    // Bad rows.
+    let cases = [
+        (json!({"q": "x", "target": "ten", "nums": [1]}), "`target`"),
+        (json!({"q": "x", "target": 3}), "`nums`: missing"),
+        (json!({"q": "x", "target": 3, "nums": [1, "a"]}), "`nums`"),
+        (json!({"q": "x", "target": 3, "nums": "1 b"}), "`nums`"),
+    ];
+    for (i, (bad, part)) in cases.into_iter().enumerate() {
+        let p = write(
+            &dir,
+            &format!("cd{i}.jsonl"),
+            &format!("{}\n{bad}\n", rows[0]),
+        );
+        let mut b = c.clone();
+        b.files = vec![DataFile::new(&p)];
+        config_err(&b, &[&format!("cd{i}.jsonl"), "line 2", part]);
+    }
+    let mut m = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
+    m.numbers = Some("nums".into());
+    config_err(&m, &["numbers", "countdown"]);
+}
