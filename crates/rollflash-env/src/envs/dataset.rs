@@ -381,8 +381,14 @@ pub enum DataError {
     #[error("dataset: {0}")]
     Load(#[from] DatasetError),
     /// The file has no rows.
-    #[error("dataset: {}: no rows", path.display())]
-    Empty { path: PathBuf },
+    #[error("dataset: {}: no rows (expected one row per line with fields `{prompt}` and `{answer}`)", path.display())]
+    Empty {
+        path: PathBuf,
+        /// The prompt field a row needs.
+        prompt: String,
+        /// The answer field a row needs.
+        answer: String,
+    },
     /// The template names a field the row does not have.
     #[error("dataset: {}: {at}: the template names field `{field}`, which the row does not have", path.display())]
     UnknownField {
@@ -568,6 +574,8 @@ fn load_file(cfg: &DatasetTaskConfig, file: &DataFile) -> Result<Vec<TaskRow>, D
     if records.is_empty() {
         return Err(DataError::Empty {
             path: file.path.clone(),
+            prompt: dcfg.prompt_field.clone(),
+            answer: cfg.answer.clone(),
         });
     }
     // Blank JSONL lines are skipped by the loader, so line numbers are only exact for files

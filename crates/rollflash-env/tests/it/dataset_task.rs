@@ -219,7 +219,7 @@ fn bad_data_errors_name_file_row_and_field() {
     // An empty file.
     config_err(
         &task(files("empty.jsonl", "\n")),
-        &["empty.jsonl", "no rows"],
+        &["empty.jsonl", "no rows", "`question`", "`answer`"],
     );
     // A missing answer field.
     let text = format!(
