@@ -12,7 +12,7 @@ use std::time::Duration;
 use candle_core::{DType, Device};
 use rollflash_core::proxy::Routing;
 use rollflash_core::{PauseMode, SamplingParams};
-use rollflash_env::envs::{EnvConfig, EnvSpec};
+use rollflash_env::envs::{DatasetTaskConfig, EnvConfig, EnvSpec};
 use rollflash_rollout::{EnvManagerConfig, ProxyConfig, Replication};
 use rollflash_trainer::learner::LearnerConfig;
 use rollflash_trainer::ControllerConfig;
@@ -175,6 +175,9 @@ pub struct RunPlan {
     pub warmup: WarmupPlan,
     pub eval: EvalPlan,
     pub prometheus: Option<SocketAddr>,
+    /// The dataset task's config (with the run's first task seed as its origin), when the
+    /// task is one: checkpoints save its data cursor and `--resume` checks it.
+    pub data: Option<DatasetTaskConfig>,
 }
 
 impl RunPlan {
@@ -222,13 +225,18 @@ impl RunPlan {
             serve_timeout: Duration::from_secs_f64(c.controller.serve_timeout_secs),
         };
         let warmup = warmup_plan(c);
+        let env = c.env.clone().with_task_seed_origin(task_seed(c.seed));
+        let data = match &env.env {
+            EnvConfig::Dataset(d) => Some(d.clone()),
+            _ => None,
+        };
         Ok(RunPlan {
             placement: placement.clone(),
             model,
             renderer: r.renderer,
             routing: r.routing,
             backends,
-            env: EnvSource::Builtin(c.env.clone().with_task_seed_origin(task_seed(c.seed))),
+            env: EnvSource::Builtin(env),
             replication: Replication::Expand,
             env_manager,
             proxy: ProxyConfig::with_request_timeout(Duration::from_secs_f64(
@@ -244,6 +252,7 @@ impl RunPlan {
                 temperature: r.temperature,
             },
             prometheus: c.metrics.prometheus,
+            data,
             config,
         })
     }

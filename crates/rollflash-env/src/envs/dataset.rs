@@ -422,6 +422,9 @@ pub enum DataError {
         field: String,
         reason: String,
     },
+    /// `--resume` with a config whose data is not the checkpoint's.
+    #[error("dataset: cannot resume: {0}")]
+    Resume(#[source] CursorMismatch),
     /// After holding out `heldout_fraction`, no training rows are left.
     #[error("dataset: holding out a fraction of {fraction} leaves no training rows")]
     NoTrainingRows { fraction: f64 },
@@ -442,6 +445,10 @@ pub struct TaskRow {
     pub answer: String,
     /// The row's id field, or `file:line`.
     pub id: String,
+    /// The file the row is from.
+    pub file: PathBuf,
+    /// Where in it.
+    pub at: RowRef,
 }
 
 /// A piece of a parsed template.
@@ -532,6 +539,8 @@ pub struct LoadedData {
     epoch_len: u64,
     /// Held-out rows, in file order.
     heldout: Vec<TaskRow>,
+    /// The training files, then the held-out files, as loaded.
+    stamps: Vec<FileStamp>,
     /// Seed of the shuffles (see [`DatasetTaskConfig`]).
     shuffle_seed: u64,
     /// The last epochs' orders (indices into `train`); a run is in one or two at a time.
@@ -560,7 +569,10 @@ fn shuffle(len: usize, words: [u64; 4]) -> Vec<u32> {
 }
 
 /// Loads one file and prepares its rows, checking each (see [`DataError`]).
-fn load_file(cfg: &DatasetTaskConfig, file: &DataFile) -> Result<Vec<TaskRow>, DataError> {
+fn load_file(
+    cfg: &DatasetTaskConfig,
+    file: &DataFile,
+) -> Result<(Vec<TaskRow>, FileStamp), DataError> {
     let dcfg = DatasetConfig {
         path: file.path.clone(),
         prompt_field: cfg.messages.clone().unwrap_or_else(|| cfg.prompt.clone()),
@@ -596,7 +608,22 @@ fn load_file(cfg: &DatasetTaskConfig, file: &DataFile) -> Result<Vec<TaskRow>, D
             .map_or_else(|| at(i), RowRef::Line);
         rows.push(prepare_row(cfg, &file.path, at, r)?);
     }
-    Ok(rows)
+    let stamp = FileStamp {
+        path: file.path.display().to_string(),
+        rows: rows.len(),
+        fingerprint: std::fs::read(&file.path)
+            .map(|b| format!("{:016x}", fnv1a(&b)))
+            .unwrap_or_default(),
+    };
+    Ok((rows, stamp))
+}
+
+/// 64-bit FNV-1a: a file's fingerprint in a [`DataCursor`] (not cryptographic; it tells an
+/// edited file from the one a checkpoint was trained on).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// The 1-based line of each non-blank line of a JSONL file (the loader skips blank ones).
@@ -711,6 +738,8 @@ fn prepare_row(
         messages,
         answer,
         id,
+        file: path.to_path_buf(),
+        at,
     })
 }
 
@@ -767,8 +796,10 @@ impl LoadedData {
         let mut train = Vec::new();
         let mut sources = Vec::new();
         let mut heldout = Vec::new();
+        let mut stamps = Vec::new();
         for (si, f) in cfg.files.iter().enumerate() {
-            let rows = load_file(cfg, f)?;
+            let (rows, stamp) = load_file(cfg, f)?;
+            stamps.push(stamp);
             let n_out = if cfg.heldout_fraction > 0.0 {
                 ((rows.len() as f64 * cfg.heldout_fraction).round() as usize).max(1)
             } else {
@@ -797,7 +828,9 @@ impl LoadedData {
             sources.push((start, train.len() - start, f.weight));
         }
         for f in &cfg.heldout {
-            heldout.extend(load_file(cfg, f)?);
+            let (rows, stamp) = load_file(cfg, f)?;
+            heldout.extend(rows);
+            stamps.push(stamp);
         }
         let epoch_len = sources
             .iter()
@@ -809,6 +842,7 @@ impl LoadedData {
             sources,
             epoch_len,
             heldout,
+            stamps,
             shuffle_seed: cfg.shuffle_seed,
             epochs: Mutex::new(HashMap::new()),
         })
@@ -877,6 +911,153 @@ fn per_epoch(n: usize, w: f64) -> usize {
         return 0;
     }
     ((n as f64 * w).round() as usize).max(1)
+}
+
+/// A data file as a checkpoint saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStamp {
+    /// The path, as the config wrote it.
+    pub path: String,
+    /// Rows loaded.
+    pub rows: usize,
+    /// FNV-1a of the file's bytes, hex.
+    pub fingerprint: String,
+}
+
+impl std::fmt::Display for FileStamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({} rows, {})",
+            self.path, self.rows, self.fingerprint
+        )
+    }
+}
+
+/// Where a dataset run is in its data, saved in checkpoints (`state.json`'s `data`): the
+/// files, the shuffle, and the next row. Rows are a pure function of the task seed (see the
+/// module docs), so a resumed run continues with the next unseen row by continuing with
+/// the next task seed; this record lets the resume check the config still describes the same
+/// data and walk ([`DatasetTaskConfig::check_resume`]) and tells a person where the run is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataCursor {
+    /// Training files, then held-out files.
+    pub files: Vec<FileStamp>,
+    /// The shuffle's seed.
+    pub shuffle_seed: u64,
+    /// The task seed of epoch 0's first row.
+    pub seed_origin: u64,
+    /// Rows per epoch (set by the files and their weights).
+    pub epoch_len: u64,
+    /// The epoch of the next row.
+    pub epoch: u64,
+    /// The next row's position in its epoch (rows of the epoch already given out).
+    pub offset: u64,
+    /// The next row: its file, place (`line 12`) and id.
+    pub next_file: String,
+    pub next_row: String,
+    pub next_id: String,
+}
+
+/// Why a checkpoint's data cursor does not fit the config it is resumed with.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CursorMismatch {
+    /// The files (their number, rows or bytes) differ.
+    #[error("the checkpoint trained on [{checkpoint}], the config loads [{config}]; resume with the files it trained on, or start a new run")]
+    Files { checkpoint: String, config: String },
+    /// `shuffle_seed` differs.
+    #[error("the checkpoint's shuffle_seed is {checkpoint}, the config's {config}")]
+    ShuffleSeed { checkpoint: u64, config: u64 },
+    /// The walk starts at another task seed (another run seed).
+    #[error(
+        "the checkpoint's data walk starts at task seed {checkpoint}, the config's at {config}"
+    )]
+    Origin { checkpoint: u64, config: u64 },
+    /// The epoch length differs (file weights, or the held-out fraction, changed).
+    #[error("the checkpoint's epochs hold {checkpoint} rows, the config's {config} (weights or heldout_fraction changed)")]
+    EpochLen { checkpoint: u64, config: u64 },
+    /// Everything above agrees, but the next row is another one.
+    #[error("the checkpoint's next row is {checkpoint}, the config's {config}")]
+    NextRow { checkpoint: String, config: String },
+}
+
+fn stamps_line(files: &[FileStamp]) -> String {
+    files
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl DatasetTaskConfig {
+    /// The data cursor of a run whose next group uses task seed `next_seed`.
+    pub fn cursor(&self, next_seed: u64) -> Result<DataCursor, EnvError> {
+        let d = self.data()?;
+        let p = next_seed.wrapping_sub(self.seed_origin);
+        let (next_file, next_row, next_id) = match d.row_for(next_seed, self.seed_origin) {
+            Some((r, _)) => (r.file.display().to_string(), r.at.to_string(), r.id.clone()),
+            None => Default::default(),
+        };
+        Ok(DataCursor {
+            files: d.stamps.clone(),
+            shuffle_seed: self.shuffle_seed,
+            seed_origin: self.seed_origin,
+            epoch_len: d.epoch_len,
+            epoch: p / d.epoch_len,
+            offset: p % d.epoch_len,
+            next_file,
+            next_row,
+            next_id,
+        })
+    }
+
+    /// Whether a run saved with `saved`, continuing at task seed `next_seed`, continues the
+    /// same data walk under this config: same files (rows and bytes; paths may move), same
+    /// shuffle seed, origin and epoch length, and so the same next row.
+    pub fn check_resume(&self, saved: &DataCursor, next_seed: u64) -> Result<(), EnvError> {
+        let now = self.cursor(next_seed)?;
+        let key = |f: &[FileStamp]| {
+            f.iter()
+                .map(|s| (s.rows, s.fingerprint.clone()))
+                .collect::<Vec<_>>()
+        };
+        let mismatch = if key(&saved.files) != key(&now.files) {
+            Some(CursorMismatch::Files {
+                checkpoint: stamps_line(&saved.files),
+                config: stamps_line(&now.files),
+            })
+        } else if saved.shuffle_seed != now.shuffle_seed {
+            Some(CursorMismatch::ShuffleSeed {
+                checkpoint: saved.shuffle_seed,
+                config: now.shuffle_seed,
+            })
+        } else if saved.seed_origin != now.seed_origin {
+            Some(CursorMismatch::Origin {
+                checkpoint: saved.seed_origin,
+                config: now.seed_origin,
+            })
+        } else if saved.epoch_len != now.epoch_len {
+            Some(CursorMismatch::EpochLen {
+                checkpoint: saved.epoch_len,
+                config: now.epoch_len,
+            })
+        } else if (saved.next_row.as_str(), saved.next_id.as_str())
+            != (now.next_row.as_str(), now.next_id.as_str())
+        {
+            let show =
+                |c: &DataCursor| format!("{} {} (id {})", c.next_file, c.next_row, c.next_id);
+            Some(CursorMismatch::NextRow {
+                checkpoint: show(saved),
+                config: show(&now),
+            })
+        } else {
+            None
+        };
+        match mismatch {
+            Some(m) => Err(EnvError::Data(Box::new(DataError::Resume(m)))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The dataset task as an environment: `reset(seed)` poses the seed's row, one `step`
