@@ -338,10 +338,12 @@ impl Grammar {
         power: true,
         decimals: true,
     };
-    /// Integers, `+ - * /` (also `×`, `÷`) and parentheses: the countdown game.
+    /// Integers, `+ - * /` (also `×`, `÷`), unary minus and parentheses: the countdown game.
+    /// Unary signs are allowed because the games' own checkers allow them (TinyZero evaluates
+    /// the expression; reasoning-gym 0.1.25's generator answers `-1 + (20 - 8)/1`).
     pub const COUNTDOWN: Grammar = Grammar {
         latex: false,
-        unary: false,
+        unary: true,
         power: false,
         decimals: false,
     };

@@ -191,3 +191,33 @@ fn bad_data_through_a_config_file_fails_fast_naming_file_row_and_field() {
         assert!(t0.elapsed().as_secs() < 60, "{name}: {:?}", t0.elapsed());
     }
 }
+
+/// The shipped SmolLM2 reasoning-gym config parses and validates; its data (written by
+/// `scripts/make_reasoning_gym_data.sh`) is swapped for the committed fixtures of the same
+/// shape, so the check needs neither the script nor the model.
+#[test]
+fn the_shipped_reasoning_gym_config_loads_on_the_committed_fixtures() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(env!("CARGO_BIN_EXE_rollflash"))
+        .args([
+            "train",
+            "--config",
+            "configs/reasoning_gym_chain_sum.toml",
+            "--set",
+            "env.files=[{path=\"configs/data/reasoning_gym/chain_sum_train.jsonl\"}]",
+            "--set",
+            "env.heldout=[{path=\"configs/data/reasoning_gym/chain_sum_test.jsonl\"}]",
+            "--dry-run",
+        ])
+        .current_dir(&root)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("chain_sum_train.jsonl"), "{stdout}");
+    assert!(stdout.contains("smollm2-hf"), "{stdout}");
+}
