@@ -78,8 +78,9 @@ pub enum PipelineError {
     DataMismatch {
         dir: PathBuf,
         reason: String,
+        /// Boxed: an `EnvError` would make every `PipelineError` larger.
         #[source]
-        source: Option<rollflash_env::EnvError>,
+        source: Option<Box<rollflash_env::EnvError>>,
     },
     #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
@@ -468,7 +469,7 @@ fn check_data(plan: &RunPlan, r: &checkpoint::Loaded) -> Result<(), PipelineErro
         (None, None) => Ok(()),
         (Some(d), Some(saved)) => d
             .check_resume(saved, r.state.cursor.next_seed)
-            .map_err(|e| mismatch(e.to_string(), Some(e))),
+            .map_err(|e| mismatch(e.to_string(), Some(Box::new(e)))),
         (Some(_), None) => Err(mismatch(
             "it has no data cursor (written by a run of a generated task, or before \
              checkpoints saved one); resume it with its own config"
