@@ -133,6 +133,13 @@ pub struct DatasetConfig {
     /// by batch (a single huge value is still decoded once before it is refused).
     #[serde(default = "default_max_row_bytes")]
     pub max_row_bytes: usize,
+    /// The prompt field holds a chat conversation, `[{"role": …, "content": …}, …]` (a JSON
+    /// array, or a Parquet list of `{role, content}` structs, as verl's and TRL's
+    /// conversational datasets store it), instead of a string. The list stays in
+    /// [`Record::extra`] under the prompt field, checked ([`prompt_messages`] reads it back);
+    /// [`Record::prompt`] is its plain rendering (the contents, a blank line apart).
+    #[serde(default)]
+    pub prompt_messages: bool,
 }
 
 impl DatasetConfig {
@@ -144,6 +151,7 @@ impl DatasetConfig {
             answer_field: default_answer_field(),
             format: None,
             max_row_bytes: default_max_row_bytes(),
+            prompt_messages: false,
         }
     }
 
@@ -255,6 +263,15 @@ pub enum DatasetError {
         field: String,
         found: String,
         expected: &'static str,
+    },
+    /// A conversation prompt is not a non-empty list of `{role, content}` messages with known
+    /// roles, ending with the user's; `field` is the message's place (`messages[2].role`).
+    #[error("{}: {at}: field `{field}`: {reason}", path.display())]
+    BadMessage {
+        path: PathBuf,
+        at: RowRef,
+        field: String,
+        reason: String,
     },
     /// A row is larger than [`DatasetConfig::max_row_bytes`].
     #[error("{}: {at}: row exceeds the {cap}-byte limit (max_row_bytes)", path.display())]
@@ -406,10 +423,29 @@ fn record_from_object(
         found: json_type_name(v).to_string(),
         expected,
     };
-    let prompt = match obj.remove(&cfg.prompt_field) {
-        Some(Value::String(s)) => s,
-        Some(v) => return Err(wrong(&cfg.prompt_field, &v, "a string")),
-        None => return Err(missing(&cfg.prompt_field)),
+    let prompt = if cfg.prompt_messages {
+        match obj.get(&cfg.prompt_field) {
+            Some(v @ Value::Array(_)) => {
+                let messages =
+                    check_messages(v, &cfg.prompt_field).map_err(|(field, reason)| {
+                        DatasetError::BadMessage {
+                            path: path(),
+                            at,
+                            field,
+                            reason,
+                        }
+                    })?;
+                plain_rendering(&messages)
+            }
+            Some(v) => return Err(wrong(&cfg.prompt_field, v, "a list of messages")),
+            None => return Err(missing(&cfg.prompt_field)),
+        }
+    } else {
+        match obj.remove(&cfg.prompt_field) {
+            Some(Value::String(s)) => s,
+            Some(v) => return Err(wrong(&cfg.prompt_field, &v, "a string")),
+            None => return Err(missing(&cfg.prompt_field)),
+        }
     };
     let answer = match obj.remove(&cfg.answer_field) {
         Some(Value::String(s)) => s,
@@ -422,6 +458,83 @@ fn record_from_object(
         answer,
         extra: obj,
     })
+}
+
+/// One message of a conversation prompt ([`DatasetConfig::prompt_messages`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// Roles a conversation prompt may use: those chat templates know.
+pub const MESSAGE_ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+
+/// The messages of `v`, or the failing place (`field[i].role`) and why.
+fn check_messages(v: &Value, field: &str) -> Result<Vec<PromptMessage>, (String, String)> {
+    let Value::Array(items) = v else {
+        return Err((field.to_string(), "expected a list of messages".into()));
+    };
+    if items.is_empty() {
+        return Err((field.to_string(), "no messages".into()));
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (i, m) in items.iter().enumerate() {
+        let Value::Object(o) = m else {
+            return Err((
+                format!("{field}[{i}]"),
+                format!(
+                    "expected a {{role, content}} object, found {}",
+                    json_type_name(m)
+                ),
+            ));
+        };
+        let text = |key: &str| match o.get(key) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(v) => Err((
+                format!("{field}[{i}].{key}"),
+                format!("expected a string, found {}", json_type_name(v)),
+            )),
+            None => Err((format!("{field}[{i}].{key}"), "missing".into())),
+        };
+        let role = text("role")?;
+        if !MESSAGE_ROLES.contains(&role.as_str()) {
+            return Err((
+                format!("{field}[{i}].role"),
+                format!("unknown role {role:?} (expected one of {MESSAGE_ROLES:?})"),
+            ));
+        }
+        out.push(PromptMessage {
+            role,
+            content: text("content")?,
+        });
+    }
+    if out.last().is_some_and(|m| m.role != "user") {
+        return Err((
+            format!("{field}[{}].role", out.len() - 1),
+            "the last message must be the user's (the model answers it)".into(),
+        ));
+    }
+    Ok(out)
+}
+
+/// The conversation a record's prompt field holds, when it was loaded with
+/// [`DatasetConfig::prompt_messages`]; `None` when the field is not a valid one.
+pub fn prompt_messages(record: &Record, prompt_field: &str) -> Option<Vec<PromptMessage>> {
+    let v = record.extra.get(prompt_field)?;
+    check_messages(v, prompt_field).ok()
+}
+
+/// A conversation as plain text, for models without a chat template: the contents, a blank
+/// line apart.
+pub fn plain_rendering(messages: &[PromptMessage]) -> String {
+    messages
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect::<Vec<_>>()
+        .join("\n\n")
 }
 
 /// One Parquet value, in the few shapes a record can hold.
@@ -547,6 +660,39 @@ fn cell(col: &dyn Array, i: usize) -> Option<Cell> {
     }
 }
 
+/// Row `i` of a list-of-structs column as JSON (`[{"role": …, "content": …}]`): string
+/// fields of the structs are kept, others become null (and fail the message check, which
+/// names them). A null row is null.
+fn messages_json(col: &dyn Array, i: usize) -> Value {
+    if col.is_null(i) {
+        return Value::Null;
+    }
+    let items = match col.data_type() {
+        DataType::List(_) => col.as_list_opt::<i32>().map(|l| l.value(i)),
+        DataType::LargeList(_) => col.as_list_opt::<i64>().map(|l| l.value(i)),
+        _ => None,
+    };
+    let Some(items) = items else {
+        return Value::Null;
+    };
+    let Some(st) = items.as_struct_opt() else {
+        return Value::Array(vec![Value::Null; items.len()]);
+    };
+    let mut out = Vec::with_capacity(st.len());
+    for r in 0..st.len() {
+        let mut obj = Map::new();
+        for (f, c) in st.fields().iter().zip(st.columns()) {
+            let v = match cell(c.as_ref(), r) {
+                Some(Cell::Str(s)) => Value::String(s),
+                _ => Value::Null,
+            };
+            obj.insert(f.name().clone(), v);
+        }
+        out.push(Value::Object(obj));
+    }
+    Value::Array(out)
+}
+
 /// Loads a Parquet file. The prompt column must be a string column (`Utf8`, `LargeUtf8`,
 /// `Utf8View`); the answer column a string or integer/float column (numbers become text).
 /// Other columns of string, number or boolean type go to [`Record::extra`]; columns of other
@@ -580,7 +726,15 @@ pub fn load_parquet(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError
         }
         Ok(idx)
     };
-    let prompt_idx = column(&cfg.prompt_field, is_string_type, "a string column")?;
+    let prompt_idx = if cfg.prompt_messages {
+        column(
+            &cfg.prompt_field,
+            |t| matches!(t, DataType::List(_) | DataType::LargeList(_)),
+            "a list of {role, content} structs",
+        )?
+    } else {
+        column(&cfg.prompt_field, is_string_type, "a string column")?
+    };
     let answer_idx = column(
         &cfg.answer_field,
         |t| is_string_type(t) || is_number_type(t),
@@ -602,7 +756,14 @@ pub fn load_parquet(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError
             let mut prompt = None;
             let mut answer = None;
             let mut extra = Map::new();
+            let mut conversation = None;
             for (c, col) in batch.columns().iter().enumerate() {
+                if c == prompt_idx && cfg.prompt_messages {
+                    let v = messages_json(col.as_ref(), i);
+                    size = size.saturating_add(v.to_string().len());
+                    conversation = Some(v);
+                    continue;
+                }
                 let Some(value) = cell(col.as_ref(), i) else {
                     continue;
                 };
@@ -629,9 +790,21 @@ pub fn load_parquet(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError
                 found: found.to_string(),
                 expected,
             };
-            let prompt = match prompt {
-                Some(Cell::Str(s)) => s,
-                other => {
+            let prompt = match (prompt, conversation) {
+                (_, Some(v)) => {
+                    let m = check_messages(&v, &cfg.prompt_field).map_err(|(field, reason)| {
+                        DatasetError::BadMessage {
+                            path: path.to_path_buf(),
+                            at,
+                            field,
+                            reason,
+                        }
+                    })?;
+                    extra.insert(cfg.prompt_field.clone(), v);
+                    plain_rendering(&m)
+                }
+                (Some(Cell::Str(s)), None) => s,
+                (other, None) => {
                     let found = other.as_ref().map_or("null", Cell::type_name);
                     return Err(wrong(&cfg.prompt_field, found, "a string"));
                 }

@@ -14,6 +14,23 @@ pub struct Reset {
     pub info: Info,
 }
 
+/// The `Reset::info` key under which an environment may give its first observation as chat
+/// messages, `[{"role": …, "content": …}]` (the dataset task does): a renderer with a chat
+/// template renders those instead of one user message holding `observation`, which stays
+/// the plain-text form.
+pub const PROMPT_MESSAGES: &str = "messages";
+
+impl Reset {
+    /// The first observation as chat messages, when `info` carries them (see
+    /// [`PROMPT_MESSAGES`]); `None` when absent or not a list of `{role, content}` strings.
+    pub fn messages(&self) -> Option<Vec<crate::dataset::PromptMessage>> {
+        let v = self.info.get(PROMPT_MESSAGES)?;
+        serde_json::from_value::<Vec<crate::dataset::PromptMessage>>(v.clone())
+            .ok()
+            .filter(|m| !m.is_empty())
+    }
+}
+
 /// What `step` returns, with Gymnasium's meanings: `terminated` when the episode reached a
 /// terminal state of the task (solved, failed, fell in a hole), `truncated` when it was cut
 /// short for an outside reason (step limit).

@@ -18,7 +18,7 @@ use rollflash_core::redundancy::{GroupDecision, GroupProgress, MemberEnd};
 use rollflash_core::{
     FinishReason, GenRequest, PolicyVersion, SamplingParams, Trajectory, TrajectoryEnd, TurnTiming,
 };
-use rollflash_env::{Env, EnvError};
+use rollflash_env::{Env, EnvError, Reset};
 use rollflash_model::chat::{ChatMessage, ChatTemplate};
 use rollflash_model::tokenizer::Tokenizer;
 use tokio::sync::watch;
@@ -291,7 +291,7 @@ impl EnvManager {
             Err(_) => return TrajectoryEnd::Failed(self.timeout_reason("reset")),
         };
         let mut messages = Vec::new();
-        let prompt = match self.first_prompt(&reset.observation, &mut messages) {
+        let prompt = match self.first_prompt(&reset, &mut messages) {
             Ok(p) => p,
             Err(e) => return TrajectoryEnd::Failed(e),
         };
@@ -405,9 +405,14 @@ impl EnvManager {
             .map_err(|e| format!("tokenize: {}", error_chain(&e)))
     }
 
+    /// The prompt's tokens: the observation as plain text, or through the chat template (the
+    /// environment's own messages when its reset gives them, see
+    /// [`rollflash_env::env::PROMPT_MESSAGES`]; the renderer's system text only when they
+    /// have none). These tokens are the trajectory's prompt: what is generated from is
+    /// exactly what the trainer scores.
     fn first_prompt(
         &self,
-        observation: &str,
+        reset: &Reset,
         messages: &mut Vec<ChatMessage>,
     ) -> Result<Vec<u32>, String> {
         match &self.renderer {
@@ -416,14 +421,21 @@ impl EnvManager {
                 if let Some(bos) = self.tokenizer.bos_token_id() {
                     ids.push(bos);
                 }
-                ids.extend(self.encode(observation)?);
+                ids.extend(self.encode(&reset.observation)?);
                 Ok(ids)
             }
             Renderer::Chat { template, system } => {
-                if let Some(s) = system {
+                let own = reset.messages().unwrap_or_default();
+                if let Some(s) = system
+                    .as_ref()
+                    .filter(|_| own.iter().all(|m| m.role != "system"))
+                {
                     messages.push(ChatMessage::system(s.clone()));
                 }
-                messages.push(ChatMessage::user(observation));
+                if own.is_empty() {
+                    messages.push(ChatMessage::user(reset.observation.as_str()));
+                }
+                messages.extend(own.into_iter().map(|m| ChatMessage::new(m.role, m.content)));
                 let text = template
                     .render(messages, true)
                     .map_err(|e| format!("chat template: {}", error_chain(&e)))?;

@@ -3,7 +3,8 @@
 //! tokenizer), the AdamW state (`optimizer.safetensors`: first and second moments), and
 //! `state.json` (the [`Cursor`]: steps done, policy version, next task seed; the sample
 //! accounting; the optimizer's step count, i.e. the learning-rate schedule's position;
-//! the evaluation before RL), plus `metrics.jsonl` up to that step. A checkpoint is written
+//! the evaluation before RL; for a dataset task, the data cursor: files, shuffle seed, epoch,
+//! next row), plus `metrics.jsonl` up to that step. A checkpoint is written
 //! to a temporary directory and renamed into place, so a crash never leaves a half-written
 //! `step-N`; only the newest `keep` are kept.
 
@@ -11,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 use rollflash_core::buffer::Accounting;
+use rollflash_env::envs::dataset::DataCursor;
 use rollflash_model::config::ModelConfig;
 use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::train::{AdamW, OptimizerConfig};
@@ -65,6 +67,18 @@ pub struct CheckpointState {
     pub elapsed_s: f64,
     /// The held-out evaluation after the warm-up, for the final report.
     pub eval_before: Option<EvalResult>,
+    /// Where a dataset task is in its data (files, shuffle seed, epoch, next row); absent for
+    /// generated tasks and in checkpoints written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataCursor>,
+}
+
+impl CheckpointState {
+    /// This state with the dataset's cursor.
+    pub fn with_data(mut self, data: Option<DataCursor>) -> Self {
+        self.data = data;
+        self
+    }
 }
 
 const FORMAT: u32 = 1;
@@ -276,5 +290,6 @@ pub fn state(
         seed,
         elapsed_s,
         eval_before,
+        data: None,
     }
 }

@@ -72,6 +72,16 @@ pub enum PipelineError {
         checkpoint: u64,
         config: u64,
     },
+    /// `--resume` of a dataset run with a config whose data is not the checkpoint's (other
+    /// files or contents, shuffle seed, weights), or across a dataset and a generated task.
+    #[error("checkpoint {}: {reason}", dir.display())]
+    DataMismatch {
+        dir: PathBuf,
+        reason: String,
+        /// Boxed: an `EnvError` would make every `PipelineError` larger.
+        #[source]
+        source: Option<Box<rollflash_env::EnvError>>,
+    },
     #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
     #[error(transparent)]
@@ -194,6 +204,7 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
                 config: cfg.seed,
             });
         }
+        check_data(&plan, r)?;
         policy.model_cfg = r.model_cfg.clone();
         policy.weights = r.weights.clone();
         println!(
@@ -202,6 +213,12 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
             r.state.cursor.steps_done,
             r.state.cursor.version
         );
+        if let Some(d) = &r.state.data {
+            println!(
+                "data: epoch {}, {} of {} rows given out; next {} {}",
+                d.epoch, d.offset, d.epoch_len, d.next_file, d.next_row
+            );
+        }
     }
     let mut model = policy.trainable(&plan)?;
     if resumed.is_none() {
@@ -307,6 +324,7 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         seed: cfg.seed,
         elapsed_before: resumed.as_ref().map_or(0.0, |r| r.state.elapsed_s),
         eval_before,
+        data: plan.data.clone(),
     };
     let outcome = ctl.run_with_sink(&mut sink).await;
     sink.progress.finish();
@@ -360,7 +378,8 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
                     cfg.seed,
                     sink.elapsed_before + report.wall.as_secs_f64(),
                     eval_before,
-                );
+                )
+                .with_data(data_cursor(sink.data.as_ref(), report.cursor));
                 c.save(l, &state, sink.log.path())?
             }
             None => ckpt_root.clone(),
@@ -429,6 +448,50 @@ struct RunSink {
     /// Wall time of earlier processes of this run (resumes).
     elapsed_before: f64,
     eval_before: Option<EvalResult>,
+    /// The dataset task, whose cursor each checkpoint saves.
+    data: Option<rollflash_env::envs::DatasetTaskConfig>,
+}
+
+/// The data cursor at `cursor` of a dataset run (`None` for generated tasks). The data was
+/// loaded and checked at config load, so this cannot fail in practice; if it did, the
+/// checkpoint is still written without one (a resume then refuses it, naming why).
+fn data_cursor(
+    data: Option<&rollflash_env::envs::DatasetTaskConfig>,
+    cursor: Cursor,
+) -> Option<rollflash_env::envs::dataset::DataCursor> {
+    data.and_then(|d| d.cursor(cursor.next_seed).ok())
+}
+
+/// Refuses a resume whose data is not the checkpoint's: the dataset cursor must match the
+/// config's at the checkpoint's next task seed, and a dataset run resumes only a dataset
+/// checkpoint (and the other way round).
+fn check_data(plan: &RunPlan, r: &checkpoint::Loaded) -> Result<(), PipelineError> {
+    let mismatch = |reason: String, source| PipelineError::DataMismatch {
+        dir: r.dir.clone(),
+        reason,
+        source,
+    };
+    match (&plan.data, &r.state.data) {
+        (None, None) => Ok(()),
+        (Some(d), Some(saved)) => d
+            .check_resume(saved, r.state.cursor.next_seed)
+            .map_err(|e| mismatch(e.to_string(), Some(Box::new(e)))),
+        (Some(_), None) => Err(mismatch(
+            "it has no data cursor (written by a run of a generated task, or before \
+             checkpoints saved one); resume it with its own config"
+                .into(),
+            None,
+        )),
+        (None, Some(saved)) => Err(mismatch(
+            format!(
+                "it was written by a dataset run (next row {} {}); this config's task is `{}`",
+                saved.next_file,
+                saved.next_row,
+                plan.config.env.name()
+            ),
+            None,
+        )),
+    }
 }
 
 impl StepSink<PolicyLearner> for RunSink {
@@ -454,7 +517,8 @@ impl StepSink<PolicyLearner> for RunSink {
                     self.seed,
                     self.elapsed_before + record.elapsed.as_secs_f64(),
                     self.eval_before,
-                );
+                )
+                .with_data(data_cursor(self.data.as_ref(), cursor));
                 let dir = c
                     .save(learner, &state, self.log.path())
                     .map_err(|e| SinkError::new("checkpoint", e))?;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use candle_core::{DType, Device};
 use rollflash_core::proxy::Routing;
 use rollflash_core::{PauseMode, SamplingParams};
-use rollflash_env::envs::{EnvConfig, EnvSpec};
+use rollflash_env::envs::{DatasetTaskConfig, EnvConfig, EnvSpec};
 use rollflash_env::openenv::OpenEnvConfig;
 use rollflash_env::remote::RemoteEnvConfig;
 use rollflash_rollout::{EnvManagerConfig, HttpBackendConfig, ProxyConfig, Replication};
@@ -239,6 +239,9 @@ pub struct RunPlan {
     pub warmup: WarmupPlan,
     pub eval: EvalPlan,
     pub prometheus: Option<SocketAddr>,
+    /// The dataset task's config (with the run's first task seed as its origin), when the
+    /// task is one: checkpoints save its data cursor and `--resume` checks it.
+    pub data: Option<DatasetTaskConfig>,
 }
 
 impl RunPlan {
@@ -335,6 +338,14 @@ impl RunPlan {
                 &o.api_key_env,
             )?)),
         };
+        // The data cursor is ours only when the dataset runs in this process.
+        let data = match &env {
+            EnvSource::Builtin(EnvSpec {
+                env: EnvConfig::Dataset(d),
+                ..
+            }) => Some(d.clone()),
+            _ => None,
+        };
         Ok(RunPlan {
             placement: placement.clone(),
             model,
@@ -361,6 +372,7 @@ impl RunPlan {
                 temperature: r.temperature,
             },
             prometheus: c.metrics.prometheus,
+            data,
             config,
         })
     }

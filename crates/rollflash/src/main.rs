@@ -4,7 +4,7 @@
 mod cmd;
 mod signal;
 
-use cmd::{bench, bench_engine, bench_proxy, env_serve, eval, generate, serve, sim, train};
+use cmd::{bench, bench_engine, bench_proxy, env_serve, eval, generate, serve, sim, train, verify};
 
 use std::path::PathBuf;
 
@@ -65,6 +65,9 @@ enum Command {
     Sim(sim::SimArgs),
     /// Serve a built-in environment over HTTP, so rollouts can use it from another process.
     EnvServe(env_serve::EnvServeArgs),
+    /// Score a response with the math verifier, or a case set with human verdicts
+    /// (`--cases scripts/verifier_cases.jsonl`): one JSON verdict per case, and the agreement.
+    Verify(verify::VerifyArgs),
 }
 
 fn main() -> Result<()> {
@@ -98,6 +101,7 @@ fn main() -> Result<()> {
         Command::Serve(a) => serve::run(a),
         Command::EnvServe(a) => env_serve::run(a),
         Command::Sim(a) => sim::run(a),
+        Command::Verify(a) => verify::run(a),
     }
 }
 

@@ -1,4 +1,9 @@
-//! The dataset task: single-turn prompts from the user's JSONL or Parquet files, scored by the math verifier, with a held-out split for evaluation.
+//! The dataset task: single-turn prompts from the user's JSONL or Parquet files, scored by the math verifier or the countdown check, with a held-out split for evaluation.
+//!
+//! **Rows.** A prompt is a string field (optionally through a `{field}` template) or a
+//! conversation field (`[{"role", "content"}]`), with an optional per-row system text and id.
+//! **Rewards**: the math verifier on the answer marked by a listed `extract` rule, or the
+//! countdown check (`reward = "countdown"`), plus an optional weighted format reward.
 //!
 //! **Rows for seeds.** A task seed below [`HELD_OUT_SEED_BASE`] is a training task:
 //! position `p = seed - seed_origin` falls in epoch `p / L` at offset `p % L`, where `L` is
@@ -27,13 +32,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::dataset::{
-    seeded_rng, uniform_below, DatasetConfig, DatasetError, DatasetFormat, Record, RowRef,
-    DEFAULT_MAX_ROW_BYTES,
+    prompt_messages, seeded_rng, uniform_below, DatasetConfig, DatasetError, DatasetFormat,
+    PromptMessage, Record, RowRef, DEFAULT_MAX_ROW_BYTES,
 };
 use crate::env::{Env, EnvError, Reset, Step};
 use crate::envs::config_error;
 use crate::verify::math::{extract_answer, reference_answer, Rule};
-use crate::verify::{FormatVerifier, MathVerifier, Reward, Verifier};
+use crate::verify::{CountdownVerifier, FormatVerifier, MathVerifier, Reward, Verifier};
 
 /// The first held-out task seed; `rollflash train` evaluates on `HELD_OUT_SEED_BASE + i`.
 pub const HELD_OUT_SEED_BASE: u64 = 1 << 40;
@@ -106,6 +111,21 @@ impl AnswerRule {
     }
 }
 
+/// What a response is scored by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DatasetReward {
+    /// [`MathVerifier`]: the answer marked by a rule of `extract`, equivalent to the
+    /// reference answer.
+    #[default]
+    Math,
+    /// The countdown game ([`CountdownVerifier`]): the response's `<answer>…</answer>` (else
+    /// its last `\boxed{…}`) is an expression that uses each of the row's numbers (the
+    /// `numbers` field) exactly once and equals the target (the `answer` field). `extract`
+    /// does not apply.
+    Countdown,
+}
+
 fn default_rules() -> Vec<AnswerRule> {
     vec![
         AnswerRule::Boxed,
@@ -164,6 +184,12 @@ pub struct DatasetTaskConfig {
     /// Field holding the prompt (a string).
     #[serde(default = "default_prompt")]
     pub prompt: String,
+    /// Field holding the prompt as a conversation, `[{"role", "content"}]` (roles `system`,
+    /// `user`, `assistant`, `tool`; the last one the user's), used instead of `prompt`. It is
+    /// rendered through the model's chat template as it is; without one, the contents a blank
+    /// line apart. Exclusive with `template`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<String>,
     /// Field holding the reference answer (a string or number; a worked solution ending in
     /// `#### 72` or holding `\boxed{…}` works as is).
     #[serde(default = "default_answer")]
@@ -188,6 +214,13 @@ pub struct DatasetTaskConfig {
     /// answer's; 0 = none.
     #[serde(default)]
     pub format_weight: f64,
+    /// What scores a response: `math` (the default) or `countdown`.
+    #[serde(default)]
+    pub reward: DatasetReward,
+    /// With `reward = "countdown"`: the field holding the numbers to use (a list of integers,
+    /// or a string of them separated by commas or spaces); `None` = `numbers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numbers: Option<String>,
     /// Seed of the epoch shuffles, the mixture subsets and the held-out fraction.
     #[serde(default)]
     pub shuffle_seed: u64,
@@ -210,12 +243,15 @@ impl DatasetTaskConfig {
             heldout: Vec::new(),
             heldout_fraction: 0.0,
             prompt: default_prompt(),
+            messages: None,
             answer: default_answer(),
             system: None,
             id: None,
             template: None,
             extract: default_rules(),
             format_weight: 0.0,
+            reward: DatasetReward::Math,
+            numbers: None,
             shuffle_seed: 0,
             seed_origin: 0,
             max_row_bytes: default_max_row_bytes(),
@@ -264,6 +300,7 @@ impl DatasetTaskConfig {
         let fields = [
             ("prompt", Some(&self.prompt)),
             ("answer", Some(&self.answer)),
+            ("messages", self.messages.as_ref()),
             ("system", self.system.as_ref()),
             ("id", self.id.as_ref()),
         ];
@@ -272,10 +309,22 @@ impl DatasetTaskConfig {
                 return Err(config_error(name, "must not be empty"));
             }
         }
+        if self.messages.is_some() && self.template.is_some() {
+            return Err(config_error(
+                "template",
+                "a template renders a string prompt; with `messages` the conversation is the prompt (unset one of them)",
+            ));
+        }
         for (name, value) in &fields[2..] {
             if value.is_some_and(|v| *v == self.prompt || *v == self.answer) {
                 return Err(config_error(name, "must differ from `prompt` and `answer`"));
             }
+        }
+        if self.numbers.is_some() && self.reward != DatasetReward::Countdown {
+            return Err(config_error(
+                "numbers",
+                "is the countdown reward's field; set reward = \"countdown\" or unset it",
+            ));
         }
         if self.extract.is_empty() {
             return Err(config_error("extract", "needs at least one rule"));
@@ -332,8 +381,14 @@ pub enum DataError {
     #[error("dataset: {0}")]
     Load(#[from] DatasetError),
     /// The file has no rows.
-    #[error("dataset: {}: no rows", path.display())]
-    Empty { path: PathBuf },
+    #[error("dataset: {}: no rows (expected one row per line with fields `{prompt}` and `{answer}`)", path.display())]
+    Empty {
+        path: PathBuf,
+        /// The prompt field a row needs.
+        prompt: String,
+        /// The answer field a row needs.
+        answer: String,
+    },
     /// The template names a field the row does not have.
     #[error("dataset: {}: {at}: the template names field `{field}`, which the row does not have", path.display())]
     UnknownField {
@@ -359,6 +414,17 @@ pub enum DataError {
         field: String,
         answer: String,
     },
+    /// A countdown row's numbers or target is not what the game needs.
+    #[error("dataset: {}: {at}: field `{field}`: {reason}", path.display())]
+    BadCountdown {
+        path: PathBuf,
+        at: RowRef,
+        field: String,
+        reason: String,
+    },
+    /// `--resume` with a config whose data is not the checkpoint's.
+    #[error("dataset: cannot resume: {0}")]
+    Resume(#[source] CursorMismatch),
     /// After holding out `heldout_fraction`, no training rows are left.
     #[error("dataset: holding out a fraction of {fraction} leaves no training rows")]
     NoTrainingRows { fraction: f64 },
@@ -367,12 +433,22 @@ pub enum DataError {
 /// One prepared row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskRow {
-    /// The observation: system text (if any), a blank line, and the rendered prompt.
+    /// The observation as plain text (for models without a chat template): system text (if
+    /// any), a blank line, and the rendered prompt; for a conversation, its contents a blank
+    /// line apart.
     pub prompt: String,
+    /// The same prompt as chat messages (the system text as a system message), what a chat
+    /// template renders; `Reset::info["messages"]` carries it (see
+    /// [`crate::env::PROMPT_MESSAGES`]).
+    pub messages: Vec<PromptMessage>,
     /// The reference answer, as in the file.
     pub answer: String,
     /// The row's id field, or `file:line`.
     pub id: String,
+    /// The file the row is from.
+    pub file: PathBuf,
+    /// Where in it.
+    pub at: RowRef,
 }
 
 /// A piece of a parsed template.
@@ -463,6 +539,8 @@ pub struct LoadedData {
     epoch_len: u64,
     /// Held-out rows, in file order.
     heldout: Vec<TaskRow>,
+    /// The training files, then the held-out files, as loaded.
+    stamps: Vec<FileStamp>,
     /// Seed of the shuffles (see [`DatasetTaskConfig`]).
     shuffle_seed: u64,
     /// The last epochs' orders (indices into `train`); a run is in one or two at a time.
@@ -491,10 +569,14 @@ fn shuffle(len: usize, words: [u64; 4]) -> Vec<u32> {
 }
 
 /// Loads one file and prepares its rows, checking each (see [`DataError`]).
-fn load_file(cfg: &DatasetTaskConfig, file: &DataFile) -> Result<Vec<TaskRow>, DataError> {
+fn load_file(
+    cfg: &DatasetTaskConfig,
+    file: &DataFile,
+) -> Result<(Vec<TaskRow>, FileStamp), DataError> {
     let dcfg = DatasetConfig {
         path: file.path.clone(),
-        prompt_field: cfg.prompt.clone(),
+        prompt_field: cfg.messages.clone().unwrap_or_else(|| cfg.prompt.clone()),
+        prompt_messages: cfg.messages.is_some(),
         answer_field: cfg.answer.clone(),
         format: file.format,
         max_row_bytes: cfg.max_row_bytes,
@@ -504,6 +586,8 @@ fn load_file(cfg: &DatasetTaskConfig, file: &DataFile) -> Result<Vec<TaskRow>, D
     if records.is_empty() {
         return Err(DataError::Empty {
             path: file.path.clone(),
+            prompt: dcfg.prompt_field.clone(),
+            answer: cfg.answer.clone(),
         });
     }
     // Blank JSONL lines are skipped by the loader, so line numbers are only exact for files
@@ -524,7 +608,22 @@ fn load_file(cfg: &DatasetTaskConfig, file: &DataFile) -> Result<Vec<TaskRow>, D
             .map_or_else(|| at(i), RowRef::Line);
         rows.push(prepare_row(cfg, &file.path, at, r)?);
     }
-    Ok(rows)
+    let stamp = FileStamp {
+        path: file.path.display().to_string(),
+        rows: rows.len(),
+        fingerprint: std::fs::read(&file.path)
+            .map(|b| format!("{:016x}", fnv1a(&b)))
+            .unwrap_or_default(),
+    };
+    Ok((rows, stamp))
+}
+
+/// 64-bit FNV-1a: a file's fingerprint in a [`DataCursor`] (not cryptographic; it tells an
+/// edited file from the one a checkpoint was trained on).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// The 1-based line of each non-blank line of a JSONL file (the loader skips blank ones).
@@ -560,8 +659,14 @@ fn prepare_row(
                 }),
             }
         };
+    let conversation = match &cfg.messages {
+        Some(field) => prompt_messages(&r, field),
+        None => None,
+    };
     let mut fields = r.extra;
-    fields.insert(cfg.prompt.clone(), Value::String(r.prompt.clone()));
+    if cfg.messages.is_none() {
+        fields.insert(cfg.prompt.clone(), Value::String(r.prompt.clone()));
+    }
     fields.insert(cfg.answer.clone(), Value::String(r.answer.clone()));
     let prompt = match &cfg.template {
         None => r.prompt,
@@ -589,26 +694,101 @@ fn prepare_row(
         None => None,
     }
     .unwrap_or_else(|| format!("{}:{}", path.display(), at));
-    // The weakest check that still catches an answer no response could ever match: the
-    // reference's own answer, boxed, must be credited.
-    let boxed = format!("\\boxed{{{}}}", reference_answer(&r.answer));
-    if MathVerifier::strict().score(&boxed, &r.answer).value < 1.0 {
-        return Err(DataError::UnparsableAnswer {
-            path: path.to_path_buf(),
-            at,
-            field: cfg.answer.clone(),
-            answer: r.answer.chars().take(80).collect(),
-        });
-    }
-    let prompt = match system {
-        Some(s) if !s.is_empty() => format!("{s}\n\n{prompt}"),
-        _ => prompt,
+    let answer = match cfg.reward {
+        DatasetReward::Math => {
+            // The weakest check that still catches an answer no response could ever match:
+            // the reference's own answer, boxed, must be credited.
+            let boxed = format!("\\boxed{{{}}}", reference_answer(&r.answer));
+            if MathVerifier::strict().score(&boxed, &r.answer).value < 1.0 {
+                return Err(DataError::UnparsableAnswer {
+                    path: path.to_path_buf(),
+                    at,
+                    field: cfg.answer.clone(),
+                    answer: r.answer.chars().take(80).collect(),
+                });
+            }
+            r.answer
+        }
+        DatasetReward::Countdown => countdown_reference(cfg, path, at, &r.answer, &fields)?,
     };
+    // A conversation's own system message wins over the `system` field.
+    let mut messages = conversation.unwrap_or_else(|| {
+        vec![PromptMessage {
+            role: "user".into(),
+            content: prompt.clone(),
+        }]
+    });
+    let system =
+        system.filter(|s| !s.is_empty() && messages.first().is_none_or(|m| m.role != "system"));
+    let prompt = match &system {
+        Some(s) => format!("{s}\n\n{prompt}"),
+        None => prompt,
+    };
+    if let Some(s) = system {
+        messages.insert(
+            0,
+            PromptMessage {
+                role: "system".into(),
+                content: s,
+            },
+        );
+    }
     Ok(TaskRow {
         prompt,
-        answer: r.answer,
+        messages,
+        answer,
         id,
+        file: path.to_path_buf(),
+        at,
     })
+}
+
+/// A countdown row's reference, the JSON [`CountdownVerifier`] reads
+/// (`{"numbers": [...], "target": t}`), from its target (the answer field) and numbers.
+fn countdown_reference(
+    cfg: &DatasetTaskConfig,
+    path: &Path,
+    at: RowRef,
+    target: &str,
+    fields: &Map<String, Value>,
+) -> Result<String, DataError> {
+    let bad = |field: &str, reason: String| DataError::BadCountdown {
+        path: path.to_path_buf(),
+        at,
+        field: field.to_string(),
+        reason,
+    };
+    let target: i64 = target.trim().parse().map_err(|_| {
+        bad(
+            &cfg.answer,
+            format!("the target {target:?} is not an integer"),
+        )
+    })?;
+    let field = cfg.numbers.as_deref().unwrap_or("numbers");
+    let numbers: Vec<i64> = match fields.get(field) {
+        None => return Err(bad(field, "missing (the numbers to use)".into())),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_i64().ok_or(()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad(field, "expected a list of integers".into()))?,
+        Some(Value::String(s)) => s
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|t| !t.is_empty())
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad(field, format!("{s:?} is not a list of integers")))?,
+        Some(v) => {
+            return Err(bad(
+                field,
+                format!("expected a list of integers, found {}", json_type(v)),
+            ))
+        }
+    };
+    if numbers.is_empty() {
+        return Err(bad(field, "no numbers".into()));
+    }
+    Ok(json!({"numbers": numbers, "target": target}).to_string())
 }
 
 impl LoadedData {
@@ -616,8 +796,10 @@ impl LoadedData {
         let mut train = Vec::new();
         let mut sources = Vec::new();
         let mut heldout = Vec::new();
+        let mut stamps = Vec::new();
         for (si, f) in cfg.files.iter().enumerate() {
-            let rows = load_file(cfg, f)?;
+            let (rows, stamp) = load_file(cfg, f)?;
+            stamps.push(stamp);
             let n_out = if cfg.heldout_fraction > 0.0 {
                 ((rows.len() as f64 * cfg.heldout_fraction).round() as usize).max(1)
             } else {
@@ -646,7 +828,9 @@ impl LoadedData {
             sources.push((start, train.len() - start, f.weight));
         }
         for f in &cfg.heldout {
-            heldout.extend(load_file(cfg, f)?);
+            let (rows, stamp) = load_file(cfg, f)?;
+            heldout.extend(rows);
+            stamps.push(stamp);
         }
         let epoch_len = sources
             .iter()
@@ -658,6 +842,7 @@ impl LoadedData {
             sources,
             epoch_len,
             heldout,
+            stamps,
             shuffle_seed: cfg.shuffle_seed,
             epochs: Mutex::new(HashMap::new()),
         })
@@ -728,6 +913,153 @@ fn per_epoch(n: usize, w: f64) -> usize {
     ((n as f64 * w).round() as usize).max(1)
 }
 
+/// A data file as a checkpoint saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStamp {
+    /// The path, as the config wrote it.
+    pub path: String,
+    /// Rows loaded.
+    pub rows: usize,
+    /// FNV-1a of the file's bytes, hex.
+    pub fingerprint: String,
+}
+
+impl std::fmt::Display for FileStamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({} rows, {})",
+            self.path, self.rows, self.fingerprint
+        )
+    }
+}
+
+/// Where a dataset run is in its data, saved in checkpoints (`state.json`'s `data`): the
+/// files, the shuffle, and the next row. Rows are a pure function of the task seed (see the
+/// module docs), so a resumed run continues with the next unseen row by continuing with
+/// the next task seed; this record lets the resume check the config still describes the same
+/// data and walk ([`DatasetTaskConfig::check_resume`]) and tells a person where the run is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataCursor {
+    /// Training files, then held-out files.
+    pub files: Vec<FileStamp>,
+    /// The shuffle's seed.
+    pub shuffle_seed: u64,
+    /// The task seed of epoch 0's first row.
+    pub seed_origin: u64,
+    /// Rows per epoch (set by the files and their weights).
+    pub epoch_len: u64,
+    /// The epoch of the next row.
+    pub epoch: u64,
+    /// The next row's position in its epoch (rows of the epoch already given out).
+    pub offset: u64,
+    /// The next row: its file, place (`line 12`) and id.
+    pub next_file: String,
+    pub next_row: String,
+    pub next_id: String,
+}
+
+/// Why a checkpoint's data cursor does not fit the config it is resumed with.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CursorMismatch {
+    /// The files (their number, rows or bytes) differ.
+    #[error("the checkpoint trained on [{checkpoint}], the config loads [{config}]; resume with the files it trained on, or start a new run")]
+    Files { checkpoint: String, config: String },
+    /// `shuffle_seed` differs.
+    #[error("the checkpoint's shuffle_seed is {checkpoint}, the config's {config}")]
+    ShuffleSeed { checkpoint: u64, config: u64 },
+    /// The walk starts at another task seed (another run seed).
+    #[error(
+        "the checkpoint's data walk starts at task seed {checkpoint}, the config's at {config}"
+    )]
+    Origin { checkpoint: u64, config: u64 },
+    /// The epoch length differs (file weights, or the held-out fraction, changed).
+    #[error("the checkpoint's epochs hold {checkpoint} rows, the config's {config} (weights or heldout_fraction changed)")]
+    EpochLen { checkpoint: u64, config: u64 },
+    /// Everything above agrees, but the next row is another one.
+    #[error("the checkpoint's next row is {checkpoint}, the config's {config}")]
+    NextRow { checkpoint: String, config: String },
+}
+
+fn stamps_line(files: &[FileStamp]) -> String {
+    files
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl DatasetTaskConfig {
+    /// The data cursor of a run whose next group uses task seed `next_seed`.
+    pub fn cursor(&self, next_seed: u64) -> Result<DataCursor, EnvError> {
+        let d = self.data()?;
+        let p = next_seed.wrapping_sub(self.seed_origin);
+        let (next_file, next_row, next_id) = match d.row_for(next_seed, self.seed_origin) {
+            Some((r, _)) => (r.file.display().to_string(), r.at.to_string(), r.id.clone()),
+            None => Default::default(),
+        };
+        Ok(DataCursor {
+            files: d.stamps.clone(),
+            shuffle_seed: self.shuffle_seed,
+            seed_origin: self.seed_origin,
+            epoch_len: d.epoch_len,
+            epoch: p / d.epoch_len,
+            offset: p % d.epoch_len,
+            next_file,
+            next_row,
+            next_id,
+        })
+    }
+
+    /// Whether a run saved with `saved`, continuing at task seed `next_seed`, continues the
+    /// same data walk under this config: same files (rows and bytes; paths may move), same
+    /// shuffle seed, origin and epoch length, and so the same next row.
+    pub fn check_resume(&self, saved: &DataCursor, next_seed: u64) -> Result<(), EnvError> {
+        let now = self.cursor(next_seed)?;
+        let key = |f: &[FileStamp]| {
+            f.iter()
+                .map(|s| (s.rows, s.fingerprint.clone()))
+                .collect::<Vec<_>>()
+        };
+        let mismatch = if key(&saved.files) != key(&now.files) {
+            Some(CursorMismatch::Files {
+                checkpoint: stamps_line(&saved.files),
+                config: stamps_line(&now.files),
+            })
+        } else if saved.shuffle_seed != now.shuffle_seed {
+            Some(CursorMismatch::ShuffleSeed {
+                checkpoint: saved.shuffle_seed,
+                config: now.shuffle_seed,
+            })
+        } else if saved.seed_origin != now.seed_origin {
+            Some(CursorMismatch::Origin {
+                checkpoint: saved.seed_origin,
+                config: now.seed_origin,
+            })
+        } else if saved.epoch_len != now.epoch_len {
+            Some(CursorMismatch::EpochLen {
+                checkpoint: saved.epoch_len,
+                config: now.epoch_len,
+            })
+        } else if (saved.next_row.as_str(), saved.next_id.as_str())
+            != (now.next_row.as_str(), now.next_id.as_str())
+        {
+            let show =
+                |c: &DataCursor| format!("{} {} (id {})", c.next_file, c.next_row, c.next_id);
+            Some(CursorMismatch::NextRow {
+                checkpoint: show(saved),
+                config: show(&now),
+            })
+        } else {
+            None
+        };
+        match mismatch {
+            Some(m) => Err(EnvError::Data(Box::new(DataError::Resume(m)))),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The dataset task as an environment: `reset(seed)` poses the seed's row, one `step`
 /// answers it.
 pub struct DatasetEnv {
@@ -735,6 +1067,7 @@ pub struct DatasetEnv {
     seed_origin: u64,
     extract: Vec<AnswerRule>,
     format_weight: f64,
+    reward: DatasetReward,
     /// The row posed by the last `reset` and whether it is held out, until answered.
     current: Option<(TaskRow, bool)>,
     started: bool,
@@ -757,6 +1090,7 @@ impl DatasetEnv {
             seed_origin: cfg.seed_origin,
             extract: cfg.extract.clone(),
             format_weight: cfg.format_weight,
+            reward: cfg.reward,
             current: None,
             started: false,
         })
@@ -769,6 +1103,10 @@ impl DatasetEnv {
 
     /// The answer's reward: the math verifier's, when the answer is marked by a listed rule.
     fn answer_reward(&self, response: &str, reference: &str) -> Reward {
+        if self.reward == DatasetReward::Countdown {
+            // Only a solution counts; the format has its own weight.
+            return CountdownVerifier { format_score: 0.0 }.score(response, reference);
+        }
         let last_number = self.extract.contains(&AnswerRule::LastNumber);
         match extract_answer(response, last_number) {
             None => Reward::zero("no answer found"),
@@ -804,6 +1142,10 @@ impl Env for DatasetEnv {
             "split".into(),
             json!(if held { "heldout" } else { "train" }),
         );
+        info.insert(
+            crate::env::PROMPT_MESSAGES.into(),
+            serde_json::to_value(&row.messages).unwrap_or(Value::Null),
+        );
         let observation = row.prompt.clone();
         self.current = Some((row.clone(), held));
         self.started = true;
@@ -833,7 +1175,10 @@ impl Env for DatasetEnv {
         }
         // The answer alone, however it is marked (the last number counts too): tells the
         // task apart from the format in what RL improves, as the math task does.
-        let lenient = MathVerifier::default().score(action, &row.answer).value;
+        let lenient = match self.reward {
+            DatasetReward::Math => MathVerifier::default().score(action, &row.answer).value,
+            DatasetReward::Countdown => answer.value,
+        };
         info.insert("format_free".into(), json!(lenient));
         Ok(Step {
             observation: String::new(),

@@ -1,5 +1,11 @@
 //! A small arithmetic expression evaluator shared by the math and countdown verifiers.
 //!
+//! Besides numbers it reads, in the math grammar, `n!`, `\binom{n}{k}`, `\log_b x`, `\ln x`,
+//! plain-text `sqrt(x)`/`log(x)`/`ln(x)`, `√x`, e-notation (`1.5e3`), and variables (single
+//! letters, Greek commands, longer words as one name) bound by the caller
+//! ([`evaluate_with`]): two expressions over the same variables are compared by value at a few
+//! fixed rational points ([`crate::verify::math`]), which is how `2b+3a` meets `3a+2b`.
+//!
 //! Hand-written recursive descent over a token list. Arithmetic is exact (`i128` rationals with
 //! checked operations) as long as it can be; a result that overflows, an irrational square
 //! root or `\pi` falls back to `f64` ([`Number::Approx`]), and equality then uses a relative
@@ -16,6 +22,10 @@ pub const MAX_EXPR_CHARS: usize = 1024;
 /// Deepest nesting (parentheses, braces, unary signs, exponents) the parser accepts. Each
 /// level costs a handful of stack frames, so this keeps recursion far from any stack limit.
 pub const MAX_DEPTH: usize = 64;
+
+/// Largest `n` of `n!` and of `\binom{n}{k}` (`33!` is the largest factorial in `i128`).
+const MAX_FACTORIAL: i128 = 33;
+const MAX_BINOM_N: i128 = 120;
 
 /// Largest exponent computed exactly; larger ones go through `f64`, so `2^{10^9}` costs the
 /// same as `2^3`.
@@ -312,6 +322,12 @@ pub enum ExprError {
     /// An infinite or NaN intermediate (overflowing float, square root of a negative).
     #[error("value is not a finite real number")]
     NonFinite,
+    /// A variable without a value.
+    #[error("variable {0:?} has no value")]
+    Unbound(String),
+    /// `n!` or `\binom{n}{k}` of something other than small non-negative integers.
+    #[error("factorial or binomial of a value that is not a small non-negative integer")]
+    Combinatorics,
 }
 
 /// Which constructs the parser accepts. The math verifier wants LaTeX and powers; the
@@ -326,8 +342,11 @@ pub struct Grammar {
     pub unary: bool,
     /// `^` (right-associative).
     pub power: bool,
-    /// Decimal literals such as `0.5` and `.5`.
+    /// Decimal literals such as `0.5` and `.5`, and e-notation (`1.5e3`).
     pub decimals: bool,
+    /// Variables, `!`, `\binom`, logarithms and the plain-text functions (see the module
+    /// docs).
+    pub symbols: bool,
 }
 
 impl Grammar {
@@ -337,13 +356,17 @@ impl Grammar {
         unary: true,
         power: true,
         decimals: true,
+        symbols: true,
     };
-    /// Integers, `+ - * /` (also `×`, `÷`) and parentheses: the countdown game.
+    /// Integers, `+ - * /` (also `×`, `÷`), unary minus and parentheses: the countdown game.
+    /// Unary signs are allowed because the games' own checkers allow them (TinyZero evaluates
+    /// the expression; reasoning-gym 0.1.25's generator answers `-1 + (20 - 8)/1`).
     pub const COUNTDOWN: Grammar = Grammar {
         latex: false,
-        unary: false,
+        unary: true,
         power: false,
         decimals: false,
+        symbols: false,
     };
 }
 
@@ -357,14 +380,42 @@ pub struct Evaluated {
     pub literals: Vec<Number>,
 }
 
-/// Evaluates `input` under `grammar`.
+/// Evaluates `input` under `grammar`; a variable is an error ([`ExprError::Unbound`]).
 pub fn evaluate(input: &str, grammar: Grammar) -> Result<Evaluated, ExprError> {
+    evaluate_with(input, grammar, &[])
+}
+
+/// The variables `input` uses (sorted, each once), when it lexes.
+pub fn variables(input: &str, grammar: Grammar) -> Result<Vec<String>, ExprError> {
     if input.chars().count() > MAX_EXPR_CHARS {
         return Err(ExprError::TooLong);
     }
-    let tokens = lex(input, grammar)?;
+    let (_, mut names) = lex(input, grammar)?;
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+/// Evaluates `input` with the variables bound to `values` (`(name, value)`, names as
+/// [`variables`] reports them).
+pub fn evaluate_with(
+    input: &str,
+    grammar: Grammar,
+    values: &[(String, Number)],
+) -> Result<Evaluated, ExprError> {
+    if input.chars().count() > MAX_EXPR_CHARS {
+        return Err(ExprError::TooLong);
+    }
+    let (tokens, names) = lex(input, grammar)?;
     if tokens.is_empty() {
         return Err(ExprError::Empty);
+    }
+    let mut bound = Vec::with_capacity(names.len());
+    for n in &names {
+        match values.iter().find(|(k, _)| k == n) {
+            Some((_, v)) => bound.push(*v),
+            None => return Err(ExprError::Unbound(n.clone())),
+        }
     }
     let mut p = Parser {
         tokens: &tokens,
@@ -372,6 +423,7 @@ pub fn evaluate(input: &str, grammar: Grammar) -> Result<Evaluated, ExprError> {
         depth: 0,
         grammar,
         literals: Vec::new(),
+        vars: &bound,
     };
     let value = p.sum()?;
     if let Some(t) = p.tokens.get(p.pos) {
@@ -396,6 +448,14 @@ enum Tok {
     Frac,
     Sqrt,
     Pi,
+    /// Variable `i` of the lexer's name table.
+    Var(usize),
+    Bang,
+    Binom,
+    /// `\log` (base 10 unless `_b` follows) and `\ln`.
+    Log,
+    Ln,
+    Underscore,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -418,6 +478,12 @@ impl Token {
             Tok::Frac => "\\frac".into(),
             Tok::Sqrt => "\\sqrt".into(),
             Tok::Pi => "\\pi".into(),
+            Tok::Var(_) => "a variable".into(),
+            Tok::Bang => "!".into(),
+            Tok::Binom => "\\binom".into(),
+            Tok::Log => "\\log".into(),
+            Tok::Ln => "\\ln".into(),
+            Tok::Underscore => "_".into(),
         };
         ExprError::Unexpected {
             pos: self.pos,
@@ -426,9 +492,24 @@ impl Token {
     }
 }
 
-fn lex(input: &str, g: Grammar) -> Result<Vec<Token>, ExprError> {
+/// Greek letters read as variables.
+const GREEK: [&str; 16] = [
+    "alpha", "beta", "gamma", "delta", "epsilon", "theta", "lambda", "mu", "nu", "rho", "sigma",
+    "tau", "phi", "psi", "omega", "varphi",
+];
+
+/// The tokens of `input` and the variable names they refer to (`Tok::Var(i)` is `names[i]`).
+fn lex(input: &str, g: Grammar) -> Result<(Vec<Token>, Vec<String>), ExprError> {
     let chars: Vec<char> = input.chars().collect();
     let mut out = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    let var = |name: String, names: &mut Vec<String>| -> Tok {
+        let i = names.iter().position(|n| *n == name).unwrap_or_else(|| {
+            names.push(name);
+            names.len() - 1
+        });
+        Tok::Var(i)
+    };
     let mut i = 0;
     let unexpected = |pos: usize, found: String| ExprError::Unexpected { pos, found };
     while i < chars.len() {
@@ -451,11 +532,26 @@ fn lex(input: &str, g: Grammar) -> Result<Vec<Token>, ExprError> {
             '{' if g.latex => Some(Tok::Open('{')),
             '}' if g.latex => Some(Tok::Close('}')),
             '\u{03c0}' if g.latex => Some(Tok::Pi),
+            '\u{00b7}' => Some(Tok::Star),
+            '\u{221a}' if g.symbols => Some(Tok::Sqrt),
+            '!' if g.symbols => Some(Tok::Bang),
+            '_' if g.symbols => Some(Tok::Underscore),
             _ => None,
         };
         if let Some(tok) = simple {
             out.push(Token { tok, pos: start });
             i += 1;
+            // `\log_28` is `\log_2 8`: as in LaTeX, an unbraced subscript is one character
+            // (spaces are gone after normalisation).
+            if tok == Tok::Underscore {
+                if let Some(d) = chars.get(i).and_then(|c| c.to_digit(10)) {
+                    out.push(Token {
+                        tok: Tok::Num(Number::Exact(Rational::int(i128::from(d)))),
+                        pos: i,
+                    });
+                    i += 1;
+                }
+            }
             continue;
         }
         if c.is_ascii_digit() || (c == '.' && g.decimals) {
@@ -480,11 +576,75 @@ fn lex(input: &str, g: Grammar) -> Result<Vec<Token>, ExprError> {
             } else {
                 String::new()
             };
+            let mut value = parse_decimal(&int_part, &frac_part)?;
+            let mut end = frac_end;
+            // E-notation: `1.5e3`, `2.5E-4` (an `e` followed by digits, else a variable).
+            if g.decimals && matches!(chars.get(end), Some('e' | 'E')) {
+                let mut k = end + 1;
+                let neg = chars.get(k) == Some(&'-');
+                if matches!(chars.get(k), Some('-' | '+')) {
+                    k += 1;
+                }
+                let digits_start = k;
+                while k < chars.len() && chars[k].is_ascii_digit() && k - digits_start < 4 {
+                    k += 1;
+                }
+                if k > digits_start && !chars.get(k).is_some_and(char::is_ascii_digit) {
+                    let e: String = chars[digits_start..k].iter().collect();
+                    let e: i128 = e.parse().map_err(|_| ExprError::NonFinite)?;
+                    let scale = Number::Exact(Rational::int(10))
+                        .pow(Number::Exact(Rational::int(if neg { -e } else { e })))?;
+                    value = value.mul(scale)?;
+                    end = k;
+                }
+            }
             out.push(Token {
-                tok: Tok::Num(parse_decimal(&int_part, &frac_part)?),
+                tok: Tok::Num(value),
                 pos: start,
             });
-            i = frac_end;
+            i = end;
+            continue;
+        }
+        if g.symbols && c.is_ascii_alphabetic() {
+            let mut j = i;
+            while j < chars.len() && chars[j].is_ascii_alphabetic() {
+                j += 1;
+            }
+            let word: String = chars[i..j].iter().collect();
+            i = j;
+            match word.as_str() {
+                "sqrt" => out.push(Token {
+                    tok: Tok::Sqrt,
+                    pos: start,
+                }),
+                "log" => out.push(Token {
+                    tok: Tok::Log,
+                    pos: start,
+                }),
+                "ln" => out.push(Token {
+                    tok: Tok::Ln,
+                    pos: start,
+                }),
+                "pi" => out.push(Token {
+                    tok: Tok::Pi,
+                    pos: start,
+                }),
+                // Two letters or fewer are a product of one-letter variables (`ab`, `xy`);
+                // a longer word is one name, so `yes` and `sey` stay apart.
+                w if w.len() <= 2 => {
+                    for (k, ch) in w.chars().enumerate() {
+                        let tok = var(ch.to_string(), &mut names);
+                        out.push(Token {
+                            tok,
+                            pos: start + k,
+                        });
+                    }
+                }
+                w => {
+                    let tok = var(w.to_string(), &mut names);
+                    out.push(Token { tok, pos: start });
+                }
+            }
             continue;
         }
         if c == '\\' && g.latex {
@@ -499,6 +659,10 @@ fn lex(input: &str, g: Grammar) -> Result<Vec<Token>, ExprError> {
                 "pi" => Tok::Pi,
                 "cdot" | "times" => Tok::Star,
                 "div" => Tok::Slash,
+                "binom" | "dbinom" | "tbinom" if g.symbols => Tok::Binom,
+                "log" if g.symbols => Tok::Log,
+                "ln" if g.symbols => Tok::Ln,
+                n if g.symbols && GREEK.contains(&n) => var(format!("\\{n}"), &mut names),
                 _ => return Err(unexpected(start, format!("\\{name}"))),
             };
             out.push(Token { tok, pos: start });
@@ -527,7 +691,68 @@ fn lex(input: &str, g: Grammar) -> Result<Vec<Token>, ExprError> {
         }
         return Err(unexpected(start, c.to_string()));
     }
-    Ok(out)
+    Ok((out, names))
+}
+
+/// `n!` for an exact integer `0 <= n <= 33`.
+fn factorial(n: Number) -> Result<Number, ExprError> {
+    let n = n
+        .exact()
+        .and_then(|r| r.as_integer())
+        .filter(|n| (0..=MAX_FACTORIAL).contains(n))
+        .ok_or(ExprError::Combinatorics)?;
+    let mut acc = 1i128;
+    for k in 2..=n {
+        acc = acc.checked_mul(k).ok_or(ExprError::Combinatorics)?;
+    }
+    Ok(Number::Exact(Rational::int(acc)))
+}
+
+/// `\binom{n}{k}` for exact integers `0 <= k <= n <= 120` (0 when `k > n`).
+fn binom(n: Number, k: Number) -> Result<Number, ExprError> {
+    let int = |x: Number| x.exact().and_then(|r| r.as_integer());
+    let (Some(n), Some(k)) = (int(n), int(k)) else {
+        return Err(ExprError::Combinatorics);
+    };
+    if !(0..=MAX_BINOM_N).contains(&n) || k < 0 {
+        return Err(ExprError::Combinatorics);
+    }
+    if k > n {
+        return Ok(Number::Exact(Rational::int(0)));
+    }
+    let k = k.min(n - k);
+    let mut acc = Rational::int(1);
+    for i in 0..k {
+        acc = acc
+            .checked_mul(Rational::new(n - i, i + 1).ok_or(ExprError::Combinatorics)?)
+            .ok_or(ExprError::Combinatorics)?;
+    }
+    Ok(Number::Exact(acc))
+}
+
+/// `log_base(x)` (`None`: natural). Exact when `base^k = x` for a small integer `k`.
+fn log(x: Number, base: Option<Number>) -> Result<Number, ExprError> {
+    if let (Some(b), Some(xr)) = (base.and_then(|b| b.exact()), x.exact()) {
+        for k in -64i128..=64 {
+            if b.checked_pow(k) == Some(xr) && b != Rational::int(1) {
+                return Ok(Number::Exact(Rational::int(k)));
+            }
+        }
+    }
+    let xf = x.to_f64();
+    if xf <= 0.0 {
+        return Err(ExprError::NonFinite);
+    }
+    match base {
+        None => Number::approx(xf.ln()),
+        Some(b) => {
+            let bf = b.to_f64();
+            if bf <= 0.0 || bf == 1.0 {
+                return Err(ExprError::NonFinite);
+            }
+            Number::approx(xf.ln() / bf.ln())
+        }
+    }
 }
 
 /// `int.frac` as an exact rational when it fits, else as a float.
@@ -558,6 +783,8 @@ struct Parser<'a> {
     depth: usize,
     grammar: Grammar,
     literals: Vec<Number>,
+    /// The value of each variable, by name-table index.
+    vars: &'a [Number],
 }
 
 impl Parser<'_> {
@@ -648,6 +875,12 @@ impl Parser<'_> {
                         acc.add(f)?
                     };
                 }
+                // `2x`, `3\binom{4}{2}`, `x\frac{1}{2}`, `2\ln 2`: implicit products.
+                Some(Tok::Var(_) | Tok::Binom | Tok::Log | Tok::Ln | Tok::Frac)
+                    if self.grammar.symbols =>
+                {
+                    acc = acc.mul(self.power()?)?;
+                }
                 _ => return Ok(acc),
             }
         }
@@ -668,9 +901,13 @@ impl Parser<'_> {
         }
     }
 
-    /// power := atom ('^' unary)?, so `2^3^2 = 2^9` and `2^-1 = 1/2`.
+    /// power := atom '!'* ('^' unary)?, so `2^3^2 = 2^9`, `2^-1 = 1/2` and `3!^2 = 36`.
     fn power(&mut self) -> Result<Number, ExprError> {
-        let base = self.atom()?;
+        let mut base = self.atom()?;
+        while self.peek() == Some(Tok::Bang) {
+            self.pos += 1;
+            base = factorial(base)?;
+        }
         if self.peek() == Some(Tok::Caret) {
             self.pos += 1;
             let e = self.nested(|p| p.unary())?;
@@ -704,6 +941,24 @@ impl Parser<'_> {
             }
             Tok::Sqrt => self.nested(|p| p.argument())?.sqrt(),
             Tok::Pi => Ok(Number::Approx(std::f64::consts::PI)),
+            Tok::Var(i) => self.vars.get(i).copied().ok_or(ExprError::UnexpectedEnd),
+            Tok::Binom => {
+                let n = self.nested(|p| p.argument())?;
+                let k = self.nested(|p| p.argument())?;
+                binom(n, k)
+            }
+            Tok::Log | Tok::Ln => {
+                let base = match (t.tok, self.peek()) {
+                    (Tok::Log, Some(Tok::Underscore)) => {
+                        self.pos += 1;
+                        Some(self.nested(|p| p.argument())?)
+                    }
+                    (Tok::Log, _) => Some(Number::Exact(Rational::int(10))),
+                    _ => None,
+                };
+                let x = self.nested(|p| p.argument())?;
+                log(x, base)
+            }
             _ => Err(t.unexpected()),
         }
     }

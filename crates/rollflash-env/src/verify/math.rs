@@ -13,11 +13,20 @@
 //! `.`, thousands separators (`1,234` → `1234`, but `1,2` stays a pair), and rewrites
 //! `\dfrac`/`\tfrac` to `\frac`.
 //!
-//! **Comparison** ([`equivalent`]): tuples and lists compare element-wise; each element is
-//! evaluated with [`super::expr`] (`2^{10}`, `-\frac{3}{4}`, `(1/2)^2`) and compared exactly
-//! when both sides are rational, else with relative tolerance 1e-6. A percentage matches
-//! both its number and its fraction (`50\%` = `50` = `0.5`). Elements that do not evaluate
-//! (`\infty`, `\text{(B)}`, intervals of symbols) compare as normalised strings.
+//! **Comparison** ([`equivalent`]): tuples and intervals compare element-wise in order; sets
+//! (`\{3,2,1\}`), bare lists of solutions (`5, -3`) and unions of intervals
+//! (`(1,2] \cup [3,4)`) in any order. Each element is evaluated with [`super::expr`]
+//! (`2^{10}`, `-\frac{3}{4}`, `5!`, `\binom{5}{2}`, `\log_2 8`, `1.5e3`, `√2`, `sqrt(2)`) and
+//! compared exactly when both sides are rational, else with relative tolerance 1e-6. Two
+//! expressions over the same variables are compared by value at three fixed rational
+//! points, exactly (`2b+3a` = `3a+2b`, `(x+1)^2` = `x^2+2x+1`; a polynomial identity that
+//! holds at three generic points of exact arithmetic is all but certain). A percentage
+//! matches both its number and its fraction (`50\%` = `50` = `0.5`). Elements that do not
+//! evaluate (`\infty`) compare as normalised strings; `∅`, `\emptyset` and `\varnothing`
+//! are one.
+//!
+//! **Malformed answers earn nothing**: when the response holds an unbalanced `\boxed{` or
+//! unbalanced braces, the last-number fallback does not apply (`\frac{5}{` is not 5).
 
 use super::expr::{evaluate, Grammar, Number};
 use super::{Reward, Verifier};
@@ -135,8 +144,20 @@ fn after_answer_is(s: &str) -> Option<&str> {
     Some(t).filter(|t| !t.is_empty())
 }
 
-/// The last number: digits with an optional sign, decimal point, thousands commas or `a/b`.
+/// Whether `s` holds LaTeX that does not close: more `{` than `}`, or a `\boxed{` without a
+/// balanced box (an attempted answer that is malformed).
+fn malformed(s: &str) -> bool {
+    let opens = s.bytes().filter(|b| *b == b'{').count();
+    let closes = s.bytes().filter(|b| *b == b'}').count();
+    opens > closes || ((s.contains("\\boxed{") || s.contains("\\fbox{")) && last_boxed(s).is_none())
+}
+
+/// The last number: digits with an optional sign, decimal point, thousands commas or `a/b`;
+/// none in a response whose LaTeX is malformed ([`malformed`]): `\frac{5}{` is not 5.
 fn last_number(s: &str) -> Option<&str> {
+    if malformed(s) {
+        return None;
+    }
     let bytes = s.as_bytes();
     let end = bytes.iter().rposition(u8::is_ascii_digit)? + 1;
     let mut start = end;
@@ -248,11 +269,89 @@ fn strip_text_groups(s: &str) -> String {
         let body = &rest[body_start..end];
         let whole = p == 0 && end + 1 == rest.len() && out.trim().is_empty();
         out.push_str(&rest[..p]);
+        let mut after = end + 1;
         if whole || !body.chars().any(|c| c.is_alphabetic()) {
             out.push_str(body);
+        } else {
+            // A unit's exponent goes with it: `25\text{ cm}^2`, `\mathrm{m}^{2}`.
+            after += unit_exponent_len(&rest[after..]);
         }
-        rest = &rest[end + 1..];
+        rest = &rest[after..];
         search_from = 0;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Length of a `^2` / `^{2}` / `^{-1}` right at the start of `s` (after spaces), else 0.
+fn unit_exponent_len(s: &str) -> usize {
+    let t = s.trim_start();
+    let skipped = s.len() - t.len();
+    let Some(rest) = t.strip_prefix('^') else {
+        return 0;
+    };
+    let body_len = if let Some(inner) = rest.strip_prefix('{') {
+        match inner.find('}') {
+            Some(e) if inner[..e].chars().all(|c| c.is_ascii_digit() || c == '-') => e + 2,
+            _ => return 0,
+        }
+    } else {
+        rest.chars().take_while(char::is_ascii_digit).count()
+    };
+    if body_len == 0 {
+        return 0;
+    }
+    skipped + 1 + body_len
+}
+
+/// Rewrites repeating decimals `a.b\overline{c}` (also `\bar{c}`, `\dot{c}`) as the exact
+/// fraction `(n)/(d)`, so `0.\overline{3}` is `1/3`. Anything else is left as it is.
+fn expand_repeating(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    loop {
+        let found = ["\\overline{", "\\bar{", "\\dot{"]
+            .iter()
+            .filter_map(|c| rest.find(c).map(|p| (p, c.len())))
+            .min();
+        let Some((p, len)) = found else { break };
+        let head = &rest[..p];
+        let body_start = p + len;
+        let close = rest[body_start..].find('}').map(|e| body_start + e);
+        let rep = close.map(|c| &rest[body_start..c]);
+        // The decimal right before: digits, a point, digits.
+        let num_start = head
+            .char_indices()
+            .rev()
+            .take_while(|(_, ch)| ch.is_ascii_digit() || *ch == '.')
+            .last()
+            .map_or(head.len(), |(i, _)| i);
+        let num = &head[num_start..];
+        match (rep, close, num.split_once('.')) {
+            (Some(r), Some(c), Some((int, frac)))
+                if !r.is_empty()
+                    && r.len() <= 12
+                    && frac.len() <= 12
+                    && int.len() <= 12
+                    && r.chars().all(|ch| ch.is_ascii_digit())
+                    && frac.chars().all(|ch| ch.is_ascii_digit()) =>
+            {
+                // x = int.frac(rep)*: x·10^f·(10^r − 1) = (int frac rep) − (int frac).
+                let whole = |t: &str| t.parse::<i128>().unwrap_or(0);
+                let (f, r_len) = (frac.len() as u32, r.len() as u32);
+                let all = whole(&format!("{int}{frac}{r}"));
+                let prefix = whole(&format!("{int}{frac}"));
+                let den = 10i128.pow(f) * (10i128.pow(r_len) - 1);
+                out.push_str(&head[..num_start]);
+                out.push_str(&format!("({}/{den})", all - prefix));
+                rest = &rest[c + 1..];
+            }
+            _ => {
+                // Not a repeating decimal: keep the command as written.
+                out.push_str(&rest[..body_start]);
+                rest = &rest[body_start..];
+            }
+        }
     }
     out.push_str(rest);
     out
@@ -338,10 +437,19 @@ pub fn normalize(answer: &str) -> String {
     }
     // `\$5` is five dollars; the other `$` are math delimiters.
     let s = s.replace("\\$", "").replace('$', "");
+    let s = s.replace("{,}", ",");
     let s = strip_text_groups(&s);
+    let s = expand_repeating(&s);
     let s = replace_all(
         s,
         &[
+            ("\\varnothing", "\u{2205}"),
+            ("\\emptyset", "\u{2205}"),
+            ("\\{\\}", "\u{2205}"),
+            ("\u{221e}", "\\infty"),
+            ("+\\infty", "\\infty"),
+            ("\\dbinom", "\\binom"),
+            ("\\tbinom", "\\binom"),
             ("\\dfrac", "\\frac"),
             ("\\tfrac", "\\frac"),
             ("^{\\circ}", ""),
@@ -387,6 +495,45 @@ enum Shape<'a> {
     Scalar(&'a str),
     /// `(a,b)`, `[a,b)`, … with its brackets, or a bare `a,b` (brackets `None`).
     Tuple(Option<(char, char)>, Vec<&'a str>),
+    /// `\{a,b\}`: order does not matter.
+    Set(Vec<&'a str>),
+    /// `A \cup B \cup …` of intervals: order does not matter.
+    Union(Vec<&'a str>),
+}
+
+/// Splits at `\cup` / `∪` outside brackets; one part when there is none.
+fn split_union(s: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut depth = 0i32;
+    let mut start = 0;
+    let mut skip_to = 0;
+    for (i, c) in s.char_indices() {
+        if i < skip_to {
+            continue;
+        }
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth -= 1,
+            _ => {}
+        }
+        let rest = &s[i..];
+        let sep = if rest.starts_with("\\cup")
+            && !rest[4..].starts_with(|ch: char| ch.is_ascii_alphabetic())
+        {
+            4
+        } else if c == '\u{222a}' {
+            c.len_utf8()
+        } else {
+            0
+        };
+        if sep > 0 && depth == 0 {
+            parts.push(&s[start..i]);
+            start = i + sep;
+            skip_to = start;
+        }
+    }
+    parts.push(&s[start..]);
+    parts
 }
 
 /// Splits at commas outside any brackets.
@@ -410,6 +557,13 @@ fn split_top_level(s: &str) -> Vec<&str> {
 }
 
 fn shape(s: &str) -> Shape<'_> {
+    let union = split_union(s);
+    if union.len() > 1 {
+        return Shape::Union(union);
+    }
+    if let Some(inner) = s.strip_prefix("\\{").and_then(|t| t.strip_suffix("\\}")) {
+        return Shape::Set(split_top_level(inner));
+    }
     let mut chars = s.chars();
     if let (Some(open @ ('(' | '[')), Some(close @ (')' | ']'))) = (chars.next(), chars.next_back())
     {
@@ -464,9 +618,46 @@ fn element_equivalent(a: &str, b: &str) -> bool {
     }
     let (va, vb) = (values(a), values(b));
     if va.is_empty() || vb.is_empty() {
-        return a.trim_end_matches('%') == b.trim_end_matches('%');
+        return a.trim_end_matches('%') == b.trim_end_matches('%') || symbolic_equivalent(a, b);
     }
     va.iter().any(|x| vb.iter().any(|y| x.equivalent(y)))
+}
+
+/// Points at which expressions over variables are compared: distinct, non-integer, positive
+/// rationals (so `\sqrt{x}` and `\ln x` are defined), different for each variable.
+fn point(var: usize, k: usize) -> Number {
+    let (var, k) = (var as i128, k as i128);
+    Number::Exact(
+        super::expr::Rational::new(11 + 7 * var + 13 * k, 3 + 2 * k + var)
+            .unwrap_or(super::expr::Rational::int(2)),
+    )
+}
+
+/// Two expressions over the same (non-empty) set of variables that agree at three points.
+fn symbolic_equivalent(a: &str, b: &str) -> bool {
+    let (Ok(na), Ok(nb)) = (
+        super::expr::variables(a, Grammar::MATH),
+        super::expr::variables(b, Grammar::MATH),
+    ) else {
+        return false;
+    };
+    if na.is_empty() || na != nb || na.len() > 8 {
+        return false;
+    }
+    (0..3).all(|k| {
+        let at: Vec<(String, Number)> = na
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), point(i, k)))
+            .collect();
+        match (
+            super::expr::evaluate_with(a, Grammar::MATH, &at),
+            super::expr::evaluate_with(b, Grammar::MATH, &at),
+        ) {
+            (Ok(x), Ok(y)) => x.value.equivalent(&y.value),
+            _ => false,
+        }
+    })
 }
 
 /// Whether two answers are equivalent after normalisation (see the module docs).
@@ -478,8 +669,29 @@ pub fn equivalent(answer: &str, reference: &str) -> bool {
     if a.is_empty() || r.is_empty() {
         return false;
     }
-    match (shape(&a), shape(&r)) {
+    shapes_equivalent(shape(&a), shape(&r))
+}
+
+/// Whether every element of `xs` pairs with its own element of `ys` under `eq` (multisets).
+fn unordered(xs: &[&str], ys: &[&str], eq: impl Fn(&str, &str) -> bool) -> bool {
+    if xs.len() != ys.len() {
+        return false;
+    }
+    let mut used = vec![false; ys.len()];
+    xs.iter().all(|x| {
+        let hit = (0..ys.len()).find(|&j| !used[j] && eq(x, ys[j]));
+        hit.map(|j| used[j] = true).is_some()
+    })
+}
+
+fn shapes_equivalent(a: Shape<'_>, r: Shape<'_>) -> bool {
+    let interval_eq = |x: &str, y: &str| shapes_equivalent(shape(x), shape(y));
+    match (a, r) {
         (Shape::Scalar(x), Shape::Scalar(y)) => element_equivalent(x, y),
+        (Shape::Set(xs), Shape::Set(ys)) => unordered(&xs, &ys, element_equivalent),
+        (Shape::Union(xs), Shape::Union(ys)) => unordered(&xs, &ys, interval_eq),
+        // Solutions listed without brackets: any order.
+        (Shape::Tuple(None, xs), Shape::Tuple(None, ys)) => unordered(&xs, &ys, element_equivalent),
         (Shape::Tuple(bx, xs), Shape::Tuple(by, ys)) => {
             // A bare list matches a parenthesised tuple; other brackets must agree.
             let paren = Some(('(', ')'));

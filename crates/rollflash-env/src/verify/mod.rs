@@ -15,6 +15,7 @@
 //! yields a reward, never a panic, and in time bounded by the input caps in [`expr`] and
 //! [`math::MAX_RESPONSE_BYTES`].
 
+pub mod cases;
 pub mod countdown;
 pub mod expr;
 pub mod format;

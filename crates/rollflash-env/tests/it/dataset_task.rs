@@ -219,7 +219,7 @@ fn bad_data_errors_name_file_row_and_field() {
     // An empty file.
     config_err(
         &task(files("empty.jsonl", "\n")),
-        &["empty.jsonl", "no rows"],
+        &["empty.jsonl", "no rows", "`question`", "`answer`"],
     );
     // A missing answer field.
     let text = format!(
@@ -437,4 +437,279 @@ async fn files_are_loaded_once_per_config_and_its_clones() {
         .unwrap_err()
         .to_string()
         .contains("t.jsonl"));
+}
+
+/// A conversation prompt (`messages = "…"`) reaches the reset as chat messages, with the
+/// `system` field prepended when the conversation has no system message; its plain form is
+/// the contents a blank line apart. JSONL and Parquet (a list of `{role, content}` structs,
+/// as verl's and TRL's conversational datasets store it) alike.
+#[tokio::test]
+async fn conversation_prompts_become_chat_messages_with_the_system_field() {
+    use arrow_array::builder::{ListBuilder, StringBuilder, StructBuilder};
+    use arrow_schema::{DataType, Field};
+    let dir = tempfile::tempdir().unwrap();
+    let rows = [
+        json!({"id": "a", "sys": "Be terse.", "answer": "7",
+               "chat": [{"role": "user", "content": "3+4?"}]}),
+        json!({"id": "b", "sys": "ignored", "answer": "8",
+               "chat": [{"role": "system", "content": "Own system."},
+                        {"role": "user", "content": "Example: 1+1?"},
+                        {"role": "assistant", "content": "2"},
+                        {"role": "user", "content": "5+3?"}]}),
+    ];
+    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    let jsonl = write(&dir, "chat.jsonl", &text);
+    // The same rows as Parquet.
+    let pq = dir.path().join("chat.parquet");
+    let fields = vec![
+        Field::new("role", DataType::Utf8, true),
+        Field::new("content", DataType::Utf8, true),
+    ];
+    let mut chat = ListBuilder::new(StructBuilder::from_fields(fields, 4));
+    for r in &rows {
+        for m in r["chat"].as_array().unwrap() {
+            let s = chat.values();
+            for (k, key) in ["role", "content"].iter().enumerate() {
+                s.field_builder::<StringBuilder>(k)
+                    .unwrap()
+                    .append_value(m[*key].as_str().unwrap());
+            }
+            s.append(true);
+        }
+        chat.append(true);
+    }
+    let cols: Vec<(&str, ArrayRef)> = vec![
+        ("id", Arc::new(StringArray::from(vec!["a", "b"]))),
+        (
+            "sys",
+            Arc::new(StringArray::from(vec!["Be terse.", "ignored"])),
+        ),
+        ("answer", Arc::new(StringArray::from(vec!["7", "8"]))),
+        ("chat", Arc::new(chat.finish())),
+    ];
+    let batch = RecordBatch::try_from_iter(cols).unwrap();
+    let mut w =
+        ArrowWriter::try_new(std::fs::File::create(&pq).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    for path in [jsonl, pq] {
+        let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
+        c.messages = Some("chat".into());
+        c.system = Some("sys".into());
+        c.id = Some("id".into());
+        let mut env = DatasetEnv::new(&c).unwrap();
+        let mut by_id = std::collections::HashMap::new();
+        for s in 0..2 {
+            let r = env.reset(s).await.unwrap();
+            let id = r.info["id"].as_str().unwrap().to_string();
+            let answer = if id == "a" {
+                "\\boxed{7}"
+            } else {
+                "\\boxed{8}"
+            };
+            assert_eq!(env.step(answer).await.unwrap().reward, 1.0);
+            by_id.insert(id, r);
+        }
+        let roles = |id: &str| -> Vec<(String, String)> {
+            by_id[id]
+                .messages()
+                .unwrap()
+                .into_iter()
+                .map(|m| (m.role, m.content))
+                .collect()
+        };
+        let p = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(
+            roles("a"),
+            vec![p("system", "Be terse."), p("user", "3+4?")],
+            "{path:?}"
+        );
+        assert_eq!(by_id["a"].observation, "Be terse.\n\n3+4?");
+        assert_eq!(
+            roles("b"),
+            vec![
+                p("system", "Own system."),
+                p("user", "Example: 1+1?"),
+                p("assistant", "2"),
+                p("user", "5+3?")
+            ],
+            "the conversation's own system message wins: {path:?}"
+        );
+        assert_eq!(
+            by_id["b"].observation,
+            "Own system.\n\nExample: 1+1?\n\n2\n\n5+3?"
+        );
+    }
+}
+
+/// A string prompt is one user message (with the system field before it).
+#[tokio::test]
+async fn a_string_prompt_is_one_user_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "t.jsonl", &arith_rows(1, 0));
+    let mut env = DatasetEnv::new(&task(vec![DataFile::new(&path)])).unwrap();
+    let r = env.reset(0).await.unwrap();
+    let m = r.messages().unwrap();
+    assert_eq!(m.len(), 1);
+    assert_eq!((m[0].role.as_str(), m[0].content.as_str()), ("user", "0+1"));
+}
+
+/// Bad conversations name the file, the line and the message's field.
+#[test]
+fn bad_conversations_name_file_row_and_message_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = json!({"answer": "1", "chat": [{"role": "user", "content": "q"}]});
+    let cases = [
+        (json!({"answer": "1", "chat": "q"}), "`chat`"),
+        (json!({"answer": "1", "chat": []}), "`chat`: no messages"),
+        (
+            json!({"answer": "1", "chat": [{"role": "usr", "content": "q"}]}),
+            "`chat[0].role`: unknown role",
+        ),
+        (
+            json!({"answer": "1", "chat": [{"role": "user"}]}),
+            "`chat[0].content`: missing",
+        ),
+        (
+            json!({"answer": "1", "chat": [{"role": "user", "content": "q"},
+                                           {"role": "assistant", "content": "a"}]}),
+            "`chat[1].role`: the last message must be the user's",
+        ),
+    ];
+    for (i, (bad, part)) in cases.into_iter().enumerate() {
+        let path = write(&dir, &format!("bad{i}.jsonl"), &format!("{good}\n{bad}\n"));
+        let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
+        c.messages = Some("chat".into());
+        config_err(&c, &[&format!("bad{i}.jsonl"), "line 2", part]);
+    }
+    // A template renders string prompts only.
+    let path = write(&dir, "ok.jsonl", &format!("{good}\n"));
+    let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
+    c.messages = Some("chat".into());
+    c.template = Some("{chat}".into());
+    config_err(&c, &["template", "messages"]);
+}
+
+/// `reward = "countdown"`: the answer field is the target, the numbers field the numbers;
+/// a solution scores 1, a wrong or unmarked one 0, the format reward adds its weight; bad
+/// rows name file, line and field.
+#[tokio::test]
+async fn countdown_rows_are_scored_by_the_countdown_check() {
+    use rollflash_env::envs::dataset::DatasetReward;
+    let dir = tempfile::tempdir().unwrap();
+    let rows = [
+        json!({"q": "Use 3 5 7 to make 22", "target": 22, "nums": [3, 5, 7]}),
+        json!({"q": "Use 2 4 to make 8", "target": "8", "nums": "2, 4"}),
+    ];
+    let path = write(
+        &dir,
+        "cd.jsonl",
+        &rows.iter().map(|r| format!("{r}\n")).collect::<String>(),
+    );
+    let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
+    c.prompt = "q".into();
+    c.answer = "target".into();
+    c.reward = DatasetReward::Countdown;
+    c.numbers = Some("nums".into());
+    c.format_weight = 0.5;
+    let mut env = DatasetEnv::new(&c).unwrap();
+    for seed in 0..2 {
+        let r = env.reset(seed).await.unwrap();
+        let (right, wrong) = if r.observation.contains("22") {
+            ("3*5+7", "3+5+7")
+        } else {
+            ("2*4", "4-2")
+        };
+        let good = format!("<think>ok</think><answer>{right}</answer>");
+        assert_eq!(env.step(&good).await.unwrap().reward, 1.5, "{good}");
+        env.reset(seed).await.unwrap();
+        let s = env
+            .step(&format!("<answer>{wrong}</answer>"))
+            .await
+            .unwrap();
+        assert_eq!(s.info["correct"], json!(0.0), "{wrong}");
+        env.reset(seed).await.unwrap();
+        let s = env.step(&format!("\\boxed{{{right}}}")).await.unwrap();
+        assert_eq!(
+            s.info["correct"],
+            json!(1.0),
+            "a boxed expression counts too"
+        );
+    }
+    // Bad rows.
+    let cases = [
+        (json!({"q": "x", "target": "ten", "nums": [1]}), "`target`"),
+        (json!({"q": "x", "target": 3}), "`nums`: missing"),
+        (json!({"q": "x", "target": 3, "nums": [1, "a"]}), "`nums`"),
+        (json!({"q": "x", "target": 3, "nums": "1 b"}), "`nums`"),
+    ];
+    for (i, (bad, part)) in cases.into_iter().enumerate() {
+        let p = write(
+            &dir,
+            &format!("cd{i}.jsonl"),
+            &format!("{}\n{bad}\n", rows[0]),
+        );
+        let mut b = c.clone();
+        b.files = vec![DataFile::new(&p)];
+        config_err(&b, &[&format!("cd{i}.jsonl"), "line 2", part]);
+    }
+    let mut m = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
+    m.numbers = Some("nums".into());
+    config_err(&m, &["numbers", "countdown"]);
+}
+
+/// The committed reasoning-gym fixtures (`configs/data/reasoning_gym/`, written by
+/// `scripts/make_reasoning_gym_data.sh` from reasoning-gym 0.1.25) load as the shipped
+/// configs read them, and the generator's own answers earn full reward: chain_sum's number,
+/// boxed, and countdown's reference expression, tagged.
+#[tokio::test]
+async fn reasoning_gym_fixtures_load_and_their_own_answers_score() {
+    use rollflash_env::envs::dataset::DatasetReward;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../configs/data/reasoning_gym");
+    let rows = |name: &str| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(root.join(name))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    for (task, reward) in [
+        ("chain_sum", DatasetReward::Math),
+        ("countdown", DatasetReward::Countdown),
+    ] {
+        let mut c = DatasetTaskConfig::new(vec![DataFile::new(
+            root.join(format!("{task}_train.jsonl")),
+        )]);
+        c.heldout = vec![DataFile::new(root.join(format!("{task}_test.jsonl")))];
+        c.prompt = "question".into();
+        c.id = Some("id".into());
+        c.reward = reward;
+        let mut env = DatasetEnv::new(&c).unwrap();
+        let all: Vec<_> = rows(&format!("{task}_train.jsonl"))
+            .into_iter()
+            .chain(rows(&format!("{task}_test.jsonl")))
+            .collect();
+        assert_eq!(
+            env.data().train().len() + env.data().heldout().len(),
+            all.len()
+        );
+        let by_id: std::collections::HashMap<String, serde_json::Value> = all
+            .into_iter()
+            .map(|r| (r["id"].as_str().unwrap().to_string(), r))
+            .collect();
+        let seeds = (0..env.data().train().len() as u64)
+            .chain((0..env.data().heldout().len() as u64).map(|i| HELD_OUT_SEED_BASE + i));
+        for seed in seeds {
+            let r = env.reset(seed).await.unwrap();
+            let row = &by_id[r.info["id"].as_str().unwrap()];
+            let response = match reward {
+                DatasetReward::Math => format!("\\boxed{{{}}}", row["answer"].as_str().unwrap()),
+                DatasetReward::Countdown => {
+                    format!("<answer>{}</answer>", row["expression"].as_str().unwrap())
+                }
+            };
+            let s = env.step(&response).await.unwrap();
+            assert_eq!(s.reward, 1.0, "{task} {response}: {:?}", s.info);
+        }
+    }
 }

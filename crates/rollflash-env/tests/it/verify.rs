@@ -86,6 +86,20 @@ fn math_equivalent_true_cases() {
         ("\\infty", "\\infty"),
         ("\\text{(B)}", "(B)"),
         ("2\\pi", "6.283185307"),
+        ("2b+3a", "3a+2b"),
+        ("(x-1)(x+1)", "x^2-1"),
+        ("\\binom{5}{2}", "10"),
+        ("\\log_2 8", "3"),
+        ("\\{3,2,1\\}", "\\{1,2,3\\}"),
+        ("[3,4)\\cup(1,2]", "(1,2]\\cup[3,4)"),
+        ("\\varnothing", "\\emptyset"),
+        ("+\\infty", "\\infty"),
+        ("25\\text{ cm}^2", "25"),
+        ("sqrt(2)", "\\sqrt{2}"),
+        ("\u{221a}2", "\\sqrt{2}"),
+        ("1.5e3", "1500"),
+        ("1{,}000", "1000"),
+        ("0.1\\overline{6}", "\\frac{1}{6}"),
         (
             "170141183460469231731687303715884105727",
             "170141183460469231731687303715884105727",
@@ -115,6 +129,15 @@ fn math_equivalent_false_cases() {
         ("3,1,234", "31234"),
         ("\\sqrt{2}", "1.414"),
         ("A", "B"),
+        // Symbolic comparison does not over-credit.
+        ("a+b", "ab"),
+        ("x^2", "2x"),
+        ("x+1", "y+1"),
+        ("yes", "sey"),
+        ("\\{1,2\\}", "(1,2)"),
+        ("(1,2]\\cup[3,4)", "(1,2]"),
+        ("5!", "5"),
+        ("0.\\overline{3}", "0.3"),
     ];
     for (a, r) in cases {
         check_equiv(a, r, false);
@@ -622,4 +645,38 @@ fn pool_config_errors_name_the_field() {
     let cfg: RewardPoolConfig = serde_json::from_str(r#"{"max_concurrent": 8}"#).unwrap();
     assert_eq!(cfg.timeout_ms, RewardPoolConfig::default().timeout_ms);
     assert!(serde_json::from_str::<RewardPoolConfig>(r#"{"workers": 8}"#).is_err());
+}
+
+/// The case set of `scripts/verifier_cases.jsonl` (each kind of answer written differently,
+/// and malformed ones), against careful human verdicts: our verifier agrees on every case
+/// and never credits one the human marks wrong. `scripts/verifier_agreement.py` runs HF
+/// math-verify on the same set (BENCHMARKS.md has both rates).
+#[test]
+fn the_verifier_agrees_with_the_human_verdicts_of_the_case_set() {
+    use rollflash_env::verify::cases;
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts/verifier_cases.jsonl");
+    let set = cases::read(&path).unwrap();
+    assert!(set.len() >= 60, "{}", set.len());
+    let verdicts: Vec<bool> = set.iter().map(cases::judge).collect();
+    let disagree: Vec<String> = set
+        .iter()
+        .zip(&verdicts)
+        .filter(|(c, v)| **v != c.human)
+        .map(|(c, v)| {
+            format!(
+                "[{}] gold {:?} answer {:?}: ours {v}",
+                c.kind, c.gold, c.answer
+            )
+        })
+        .collect();
+    let a = cases::agreement(&set, &verdicts);
+    eprintln!(
+        "verifier agreement: {}/{} ({:.1}%)",
+        a.agree,
+        a.cases,
+        100.0 * a.rate()
+    );
+    assert_eq!(a.false_credit, 0, "credited wrong answers: {disagree:#?}");
+    assert!(disagree.is_empty(), "{disagree:#?}");
 }

@@ -414,3 +414,71 @@ async fn a_generation_that_times_out_fails_its_trajectory() {
     );
     proxy.shutdown().await.unwrap();
 }
+
+/// An environment that gives its prompt as chat messages (`Reset::info["messages"]`).
+struct Conversational;
+
+#[async_trait]
+impl Env for Conversational {
+    async fn reset(&mut self, _seed: u64) -> Result<Reset, EnvError> {
+        let mut info = rollflash_env::Info::new();
+        info.insert(
+            rollflash_env::env::PROMPT_MESSAGES.into(),
+            serde_json::json!([
+                {"role": "system", "content": "own system"},
+                {"role": "user", "content": "1+1?"},
+                {"role": "assistant", "content": "2"},
+                {"role": "user", "content": "2+2?"}
+            ]),
+        );
+        Ok(Reset {
+            observation: "plain form".into(),
+            info,
+        })
+    }
+
+    async fn step(&mut self, _action: &str) -> Result<Step, EnvError> {
+        Ok(Step {
+            reward: 1.0,
+            terminated: true,
+            ..Default::default()
+        })
+    }
+}
+
+/// With a chat template, an environment's own messages are the prompt, rendered exactly as
+/// the template renders them (its system message wins over the renderer's); with the plain
+/// renderer, the observation is. Those tokens are the trajectory's prompt, the one trained on.
+#[tokio::test(start_paused = true)]
+async fn an_environments_own_messages_are_the_chat_prompt() {
+    let (proxy, _) = instant_proxy(4);
+    let template = Arc::new(ChatTemplate::builtin().unwrap());
+    let renderer = Renderer::Chat {
+        template: Arc::clone(&template),
+        system: Some("renderer system".into()),
+    };
+    let f: EnvFactory = Arc::new(|| Ok(Box::new(Conversational) as Box<dyn Env>));
+    let m = manager(&proxy, renderer, cfg(1, 3));
+    let g = m.run_group(Arc::clone(&f), 5, 1, 0).await;
+    let t = &g.kept[0];
+    let tok = Tokenizer::builtin();
+    let prompt = tok.decode(&t.tokens[..t.prompt_len], false).unwrap();
+    let expect = template
+        .render(
+            &[
+                ChatMessage::system("own system"),
+                ChatMessage::user("1+1?"),
+                ChatMessage::assistant("2"),
+                ChatMessage::user("2+2?"),
+            ],
+            true,
+        )
+        .unwrap();
+    assert_eq!(prompt, expect);
+    let m = manager(&proxy, plain(), cfg(1, 3));
+    let g = m.run_group(f, 5, 1, 0).await;
+    let t = &g.kept[0];
+    let prompt = tok.decode(&t.tokens[..t.prompt_len], true).unwrap();
+    assert_eq!(prompt, "plain form");
+    proxy.shutdown().await.unwrap();
+}

@@ -10,6 +10,7 @@ pub mod generate;
 pub mod serve;
 pub mod sim;
 pub mod train;
+pub mod verify;
 
 use rollflash_run::config::{DTypeSpec, DeviceSpec};
 use rollflash_run::plan::Placement;

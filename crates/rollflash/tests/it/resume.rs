@@ -245,3 +245,142 @@ async fn an_asynchronous_run_resumes_with_balanced_accounting() {
         .iter()
         .all(|r| r["staleness_max"].as_u64().unwrap() <= 1));
 }
+
+/// 12 rows `{"q", "a"}` whose answers are single digits, so the tiny random model's last
+/// number is right often enough for a gradient; `extra` rows appended (an edited file).
+fn digit_rows(dir: &Path, extra: usize) -> String {
+    let path = dir.join("digits.jsonl");
+    let text: String = (0..12 + extra)
+        .map(|i| {
+            format!(
+                "{}\n",
+                serde_json::json!({"q": format!("say {}", i % 10), "a": i % 10})
+            )
+        })
+        .collect();
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// The synchronous dataset run of [`cfg`]'s shape on [`digit_rows`]: 6 training rows an
+/// epoch (half of the 12 held out by a seeded fraction), so 4 steps of 2 groups cross an
+/// epoch boundary and a resume at step 2 lands mid-epoch.
+fn data_cfg(dir: &Path, data: &str, steps: usize, every: usize, more: &[&str]) -> TrainConfig {
+    let mut sets: Vec<String> = vec![
+        format!("output_dir={:?}", dir.display().to_string()),
+        "env.name=dataset".into(),
+        format!("env.files=[{{path={data:?}, weight=1.0}}]"),
+        "env.heldout_fraction=0.5".into(),
+        "env.prompt=q".into(),
+        "env.answer=a".into(),
+        "env.extract=[\"last_number\"]".into(),
+        "rollout.max_new_tokens=6".into(),
+        "buffer.groups_per_batch=2".into(),
+        "buffer.group_size=4".into(),
+        "train.eval_problems=0".into(),
+        "metrics.progress=false".into(),
+        "seed=3".into(),
+        "warmup.steps=0".into(),
+        "rollout.temperature=1.0".into(),
+        "buffer.alpha=0".into(),
+        "controller.sync=true".into(),
+        format!("train.steps={steps}"),
+        "train.lr=1e-3".into(),
+        "train.loss.pg_variant=ppo".into(),
+        format!("checkpoint.every={every}"),
+    ];
+    sets.extend(more.iter().map(|s| s.to_string()));
+    TrainConfig::load(None, &sets).unwrap()
+}
+
+/// A dataset run resumed at step K ends where the uninterrupted run does (same rewards, same
+/// weights); the checkpoint's data cursor says where it was (epoch, offset, next row); and a
+/// resume under another shuffle seed, with an edited file, or with another task is refused
+/// naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_dataset_run_continues_with_the_next_unseen_row_exactly() {
+    const N: usize = 4;
+    const K: usize = 2;
+    let data_dir = tempfile::tempdir().unwrap();
+    let data = digit_rows(data_dir.path(), 0);
+    let full = tempfile::tempdir().unwrap();
+    let part = tempfile::tempdir().unwrap();
+    let a = pipeline::run(data_cfg(full.path(), &data, N, 0, &[]))
+        .await
+        .unwrap();
+    pipeline::run(data_cfg(part.path(), &data, K, K, &[]))
+        .await
+        .unwrap();
+    let ckpt = rollflash_run::checkpoint::latest(&part.path().join("checkpoints")).unwrap();
+    let state: Value =
+        serde_json::from_str(&std::fs::read_to_string(ckpt.join("state.json")).unwrap()).unwrap();
+    let d = &state["data"];
+    assert_eq!(d["epoch_len"], 6, "{d}");
+    assert_eq!(
+        (d["epoch"].as_u64(), d["offset"].as_u64()),
+        (Some(0), Some(4)),
+        "{d}"
+    );
+    assert_eq!(d["files"][0]["rows"], 12, "{d}");
+    assert!(d["next_file"].as_str().unwrap().ends_with("digits.jsonl"));
+    assert!(d["next_row"].as_str().unwrap().starts_with("line "));
+
+    let resume = || RunOptions {
+        resume: Some(Resume::Latest),
+        ..Default::default()
+    };
+    // Refused: another shuffle seed, another task.
+    let refused = |c: TrainConfig| async move {
+        pipeline::run_with(c, resume())
+            .await
+            .unwrap_err()
+            .to_string()
+    };
+    let e = refused(data_cfg(part.path(), &data, N, K, &["env.shuffle_seed=1"])).await;
+    assert!(e.contains("shuffle_seed is 0, the config's 1"), "{e}");
+    let mut lake = cfg(part.path(), N, K);
+    lake.output_dir = part.path().to_path_buf();
+    let e = refused(lake).await;
+    assert!(
+        e.contains("dataset run") && e.contains("frozen_lake"),
+        "{e}"
+    );
+    // Refused: the file was edited (a row appended), even at the same path.
+    let edited_dir = tempfile::tempdir().unwrap();
+    let edited = digit_rows(edited_dir.path(), 1);
+    let e = refused(data_cfg(part.path(), &edited, N, K, &[])).await;
+    assert!(
+        e.contains("trained on") && e.contains("12 rows") && e.contains("13 rows"),
+        "{e}"
+    );
+    // The refusals wrote nothing; the real resume continues exactly.
+    let b = pipeline::run_with(data_cfg(part.path(), &data, N, K, &[]), resume())
+        .await
+        .unwrap();
+    assert_eq!(b.report.steps.len(), N - K);
+    let (ma, mb) = (metrics(full.path()), metrics(part.path()));
+    assert_eq!(
+        column(&ma, "reward"),
+        column(&mb, "reward"),
+        "per-step rewards"
+    );
+    assert!(
+        column(&ma, "reward").iter().any(|r| *r > 0.0),
+        "some reward, so the weights move: {:?}",
+        column(&ma, "reward")
+    );
+    let diff = max_weight_diff(&a.checkpoint, &b.checkpoint);
+    assert_eq!(diff, 0.0, "resumed weights differ by {diff}");
+    let last = rollflash_run::checkpoint::latest(&part.path().join("checkpoints")).unwrap();
+    let state: Value =
+        serde_json::from_str(&std::fs::read_to_string(last.join("state.json")).unwrap()).unwrap();
+    assert_eq!(
+        (
+            state["data"]["epoch"].as_u64(),
+            state["data"]["offset"].as_u64()
+        ),
+        (Some(1), Some(2)),
+        "8 rows given out of 6-row epochs: {}",
+        state["data"]
+    );
+}
