@@ -77,6 +77,10 @@ pub struct CoreConfig {
     /// How long the run may go on with no backend serving the newest weights before it
     /// stops as stalled.
     pub serve_timeout: Duration,
+    /// How long the run may go between steps with no group adding a sample to the buffer
+    /// (every group failing, or filtered out, or none finishing) before it stops as
+    /// [`RunEnd::NoProgress`].
+    pub progress_timeout: Duration,
 }
 
 impl CoreConfig {
@@ -149,6 +153,17 @@ pub enum RunEnd {
     Stalled {
         version: PolicyVersion,
         waited: Duration,
+    },
+    /// Between steps, no group added a sample to the buffer for `waited`: what ended in that
+    /// time is `failed` and `filtered` samples (an environment or server failing every
+    /// trajectory, or a filter no group passes).
+    NoProgress {
+        version: PolicyVersion,
+        waited: Duration,
+        /// Samples started by the groups still running then.
+        running: u64,
+        failed: u64,
+        filtered: u64,
     },
 }
 
@@ -240,6 +255,10 @@ pub struct ControllerCore<T> {
     rollout_idle: Duration,
     /// The newest version has no backend serving it since then.
     unserved_since: Option<Duration>,
+    /// When a sample last entered the buffer (or a step started or was published), and the
+    /// accounting then: the progress deadline runs from it.
+    progress_at: Duration,
+    progress_mark: (u64, Accounting),
     lost: Vec<String>,
 }
 
@@ -289,6 +308,8 @@ impl<T> ControllerCore<T> {
             idle_since: None,
             rollout_idle: Duration::ZERO,
             unserved_since: None,
+            progress_at: now,
+            progress_mark: (0, Accounting::default()),
             lost: Vec::new(),
         })
     }
@@ -322,6 +343,15 @@ impl<T> ControllerCore<T> {
     /// must (a driver checks its backends until then, and reports `Tick` at the deadline).
     pub fn serve_deadline(&self) -> Option<Duration> {
         self.unserved_since.map(|t| t + self.cfg.serve_timeout)
+    }
+
+    /// The time by which a sample must enter the buffer (between steps), or the run stops as
+    /// [`RunEnd::NoProgress`]; the driver reports `Tick` at it.
+    pub fn progress_deadline(&self) -> Option<Duration> {
+        if self.phase != Phase::Running || self.step.is_some() || self.stopping {
+            return None;
+        }
+        self.progress_at.checked_add(self.cfg.progress_timeout)
     }
 
     /// Where samples ended so far, including earlier processes of a resumed run.
@@ -463,6 +493,7 @@ impl<T> ControllerCore<T> {
                 }
                 if self.step.is_none() {
                     if let Some(batch) = self.buffer.take_batch() {
+                        self.mark_progress(now);
                         self.step = Some(in_flight(&batch, now, self.wait_since.take()));
                         out.push(CoreAction::Train { batch });
                     }
@@ -472,6 +503,22 @@ impl<T> ControllerCore<T> {
                     None => break,
                 }
             }
+        }
+        // After the finished groups reached the buffer: a sample among them is progress.
+        self.note_progress(now);
+        let no_progress = self.progress_deadline().is_some_and(|d| now >= d);
+        if no_progress {
+            let a = self.buffer.accounting();
+            let then = self.progress_mark.1;
+            let end = RunEnd::NoProgress {
+                version: self.buffer.version(),
+                waited: now.saturating_sub(self.progress_at),
+                running: a.running,
+                failed: a.failed.saturating_sub(then.failed),
+                filtered: a.filtered.saturating_sub(then.filtered),
+            };
+            self.done(end, out);
+            return;
         }
         if self.phase == Phase::Running && self.step.is_none() {
             if let (true, Some(since)) = (stall_due, self.unserved_since) {
@@ -524,6 +571,7 @@ impl<T> ControllerCore<T> {
         })));
         self.last_publish = now;
         self.wait_since = Some(now);
+        self.mark_progress(now);
         if self.phase == Phase::Syncing {
             self.phase = Phase::Running;
         }
@@ -532,12 +580,34 @@ impl<T> ControllerCore<T> {
         }
     }
 
+    /// Moves the progress mark when samples entered the buffer since the last look (every
+    /// sample that ever entered is counted as buffered, trained or dropped from it, until a
+    /// stop aborts what is buffered).
+    fn note_progress(&mut self, now: Duration) {
+        let entered = entered(&self.buffer.accounting());
+        if entered > self.progress_mark.0 {
+            self.mark_progress(now);
+        }
+    }
+
+    /// Progress now: the deadline restarts, and the report counts what ends from here.
+    fn mark_progress(&mut self, now: Duration) {
+        let a = self.buffer.accounting();
+        self.progress_at = now;
+        self.progress_mark = (entered(&a).max(self.progress_mark.0), a);
+    }
+
     fn done(&mut self, end: RunEnd, out: &mut Vec<CoreAction<T>>) {
         self.phase = Phase::Done;
         self.idle_since = None;
         self.pending_to_buffer();
         out.push(CoreAction::Done(end));
     }
+}
+
+/// Samples that ever entered the buffer (until a stop aborts buffered ones).
+fn entered(a: &Accounting) -> u64 {
+    a.buffered + a.trained + a.dropped_stale
 }
 
 fn in_flight<T>(batch: &Batch<T>, now: Duration, wait_since: Option<Duration>) -> InFlight {

@@ -392,6 +392,10 @@ pub struct ControllerSection {
     /// After a weight sync that no backend could load, how long the run goes on waiting for
     /// one to be caught up before it stops (with a checkpoint) as stalled.
     pub serve_timeout_secs: f64,
+    /// Between steps, how long the run goes on with no group adding a sample to the buffer
+    /// (an environment or every server failing each trajectory, or a filter nothing passes)
+    /// before it stops with a checkpoint, saying what it waited on.
+    pub progress_timeout_secs: f64,
 }
 
 impl Default for TrainConfig {
@@ -501,6 +505,7 @@ impl Default for ControllerSection {
             pause_mode: PauseMode::Abort,
             sync: false,
             serve_timeout_secs: rollflash_trainer::DEFAULT_SERVE_TIMEOUT.as_secs_f64(),
+            progress_timeout_secs: rollflash_trainer::DEFAULT_PROGRESS_TIMEOUT.as_secs_f64(),
         }
     }
 }
@@ -659,6 +664,13 @@ impl TrainConfig {
         let c = &self.controller;
         if !(c.serve_timeout_secs > 0.0) || !c.serve_timeout_secs.is_finite() {
             return Err(field("controller.serve_timeout_secs", "must be > 0"));
+        }
+        // Bounded: the deadline is an `Instant` offset (a year is far beyond any run).
+        if !(c.progress_timeout_secs > 0.0) || !(c.progress_timeout_secs <= 3.2e7) {
+            return Err(field(
+                "controller.progress_timeout_secs",
+                "must be > 0 and at most a year (3.2e7)",
+            ));
         }
         let t = &self.train;
         if t.steps == 0 {

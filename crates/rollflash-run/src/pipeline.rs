@@ -100,6 +100,23 @@ pub enum PipelineError {
         waited_s: f64,
         checkpoint: PathBuf,
     },
+    /// Between steps no group added a sample to the buffer for
+    /// `controller.progress_timeout_secs`; the run stopped with a checkpoint.
+    #[error(
+        "no progress for {waited_s:.0} s at policy {version} (controller.progress_timeout_secs): \
+         no group added a sample to the buffer ({failed} samples failed, {filtered} filtered \
+         out, {running} still running: is the environment or every server failing?); stopped \
+         with a checkpoint at {}",
+        checkpoint.display()
+    )]
+    NoProgress {
+        version: PolicyVersion,
+        waited_s: f64,
+        running: u64,
+        failed: u64,
+        filtered: u64,
+        checkpoint: PathBuf,
+    },
     /// A stop was asked for (Ctrl-C, SIGTERM) before RL training started; nothing was
     /// trained, so nothing was saved.
     #[error("interrupted during {phase}; nothing to save yet")]
@@ -418,12 +435,31 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     } else {
         None
     };
-    if let RunEnd::Stalled { version, waited } = report.end {
-        return Err(PipelineError::Stalled {
+    match report.end {
+        RunEnd::Stalled { version, waited } => {
+            return Err(PipelineError::Stalled {
+                version,
+                waited_s: waited.as_secs_f64(),
+                checkpoint: final_dir,
+            })
+        }
+        RunEnd::NoProgress {
             version,
-            waited_s: waited.as_secs_f64(),
-            checkpoint: final_dir,
-        });
+            waited,
+            running,
+            failed,
+            filtered,
+        } => {
+            return Err(PipelineError::NoProgress {
+                version,
+                waited_s: waited.as_secs_f64(),
+                running,
+                failed,
+                filtered,
+                checkpoint: final_dir,
+            })
+        }
+        RunEnd::Completed | RunEnd::Interrupted => {}
     }
     Ok(TrainSummary {
         eval_before,

@@ -319,6 +319,7 @@ impl RunPlan {
             pause_mode: c.controller.pause_mode,
             seed: task_seed(c.seed),
             serve_timeout: Duration::from_secs_f64(c.controller.serve_timeout_secs),
+            progress_timeout: Duration::from_secs_f64(c.controller.progress_timeout_secs),
         };
         let warmup = warmup_plan(c);
         let first_task = task_seed(c.seed);

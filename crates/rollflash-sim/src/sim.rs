@@ -235,6 +235,8 @@ pub fn simulate(cfg: &SimConfig) -> Result<SimReport, SimError> {
                 seed: cfg.seed,
                 // Every modelled worker loads every update: a sync always serves.
                 serve_timeout: Duration::MAX,
+                // Modelled groups always add their samples.
+                progress_timeout: Duration::MAX,
             },
             None,
             Duration::ZERO,

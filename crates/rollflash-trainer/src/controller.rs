@@ -171,6 +171,20 @@ pub enum ControllerError {
         version: PolicyVersion,
         waited: Duration,
     },
+    /// Between steps no group added a sample to the buffer for the configured time.
+    #[error(
+        "no progress for {:.0} s at policy {version} (controller.progress_timeout_secs): \
+         no group added a sample to the buffer; {failed} samples failed and {filtered} were \
+         filtered out in that time, {running} are still running",
+        waited.as_secs_f64()
+    )]
+    NoProgress {
+        version: PolicyVersion,
+        waited: Duration,
+        running: u64,
+        failed: u64,
+        filtered: u64,
+    },
     /// Nothing was running and nothing could start: a bug, reported instead of a hang.
     #[error("the controller has nothing to wait for ({running} groups running, no step training, {buffered} samples buffered)")]
     Stuck { running: usize, buffered: u64 },
@@ -192,6 +206,9 @@ pub struct ControllerConfig {
     /// How long the run goes on after a weight sync that no backend could load, waiting for
     /// one to be caught up (the proxy keeps trying), before it stops as stalled.
     pub serve_timeout: Duration,
+    /// How long the run goes on between steps with no group adding a sample to the buffer
+    /// (every environment or server failing, or a filter nothing passes) before it stops.
+    pub progress_timeout: Duration,
 }
 
 impl Default for ControllerConfig {
@@ -203,9 +220,15 @@ impl Default for ControllerConfig {
             pause_mode: PauseMode::default(),
             seed: 0,
             serve_timeout: DEFAULT_SERVE_TIMEOUT,
+            progress_timeout: DEFAULT_PROGRESS_TIMEOUT,
         }
     }
 }
+
+/// The default of [`ControllerConfig::progress_timeout`]: far above a batch's rollout on
+/// this CPU (seconds to a minute), short enough that a run failing every trajectory stops
+/// within the hour.
+pub const DEFAULT_PROGRESS_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// The default of [`ControllerConfig::serve_timeout`]: long enough for a restarted server
 /// to come back and load a checkpoint, short enough that a broken fleet is noticed.
@@ -398,8 +421,26 @@ impl<L: Learner> AsyncController<L> {
     /// As [`AsyncController::run`], also handing back the learner (to save its model).
     pub async fn run_returning_learner(self) -> Result<(RunReport, Option<L>), ControllerError> {
         let (report, learner) = self.run_with_sink(&mut NoSink).await?;
-        if let RunEnd::Stalled { version, waited } = report.end {
-            return Err(ControllerError::Stalled { version, waited });
+        match report.end {
+            RunEnd::Stalled { version, waited } => {
+                return Err(ControllerError::Stalled { version, waited })
+            }
+            RunEnd::NoProgress {
+                version,
+                waited,
+                running,
+                failed,
+                filtered,
+            } => {
+                return Err(ControllerError::NoProgress {
+                    version,
+                    waited,
+                    running,
+                    failed,
+                    filtered,
+                })
+            }
+            RunEnd::Completed | RunEnd::Interrupted => {}
         }
         Ok((report, learner))
     }
@@ -419,6 +460,7 @@ impl<L: Learner> AsyncController<L> {
             steps: self.cfg.steps,
             seed: self.cfg.seed,
             serve_timeout: self.cfg.serve_timeout,
+            progress_timeout: self.cfg.progress_timeout,
         };
         let mut core = ControllerCore::new(core_cfg, self.resume, clock())?;
         let mut groups: JoinSet<GroupDone> = JoinSet::new();
@@ -506,12 +548,30 @@ impl<L: Learner> AsyncController<L> {
                     }
                     CoreAction::Done(e) => {
                         end = e;
-                        if let RunEnd::Stalled { version, waited } = end {
-                            tracing::error!(
+                        match end {
+                            RunEnd::Stalled { version, waited } => tracing::error!(
                                 %version,
                                 waited_s = waited.as_secs_f64(),
                                 "no backend serves the newest weights: stopping"
-                            );
+                            ),
+                            RunEnd::NoProgress {
+                                waited,
+                                running,
+                                failed,
+                                filtered,
+                                ..
+                            } => tracing::error!(
+                                waited_s = waited.as_secs_f64(),
+                                failed,
+                                filtered,
+                                running,
+                                groups_running = core.buffer().running_groups(),
+                                buffered = core.buffer().accounting().buffered,
+                                "no progress: the trainer waits for a batch, no group added a \
+                                 sample to the buffer (environments or servers failing every \
+                                 trajectory, or a filter nothing passes): stopping"
+                            ),
+                            RunEnd::Completed | RunEnd::Interrupted => {}
                         }
                         break 'run;
                     }
@@ -530,6 +590,10 @@ impl<L: Learner> AsyncController<L> {
                 .serve_deadline()
                 .map(|d| (clock() + SERVING_PROBE).min(d))
                 .map(|at| start + at);
+            // The progress deadline needs a wake-up of its own when nothing else reports.
+            let progress = core
+                .progress_deadline()
+                .and_then(|at| start.checked_add(at));
             let ev = tokio::select! {
                 _ = stop.stopped(), if !core.stopping() => CoreEvent::Stop,
                 Some(done) = groups.join_next(), if !groups.is_empty() => match done {
@@ -582,6 +646,7 @@ impl<L: Learner> AsyncController<L> {
                         CoreEvent::Tick
                     }
                 },
+                _ = sleep_until(progress), if progress.is_some() => CoreEvent::Tick,
                 _ = sleep_until(probe), if probe.is_some() => {
                     if self.serving().await { CoreEvent::Serving } else { CoreEvent::Tick }
                 }

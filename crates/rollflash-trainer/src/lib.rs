@@ -15,7 +15,7 @@ pub mod supervised;
 pub use controller::{
     AsyncController, ControllerConfig, ControllerError, Cursor, EnvGroups, GroupRunner, Learner,
     LearnerError, NoSink, ResumeFrom, RunReport, SinkError, StepRecord, StepSink, StepStats,
-    DEFAULT_SERVE_TIMEOUT,
+    DEFAULT_PROGRESS_TIMEOUT, DEFAULT_SERVE_TIMEOUT,
 };
 pub use learner::{LearnerConfig, PolicyLearner};
 pub use rollflash_core::controller::RunEnd;

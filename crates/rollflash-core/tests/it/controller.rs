@@ -28,6 +28,7 @@ fn cfg(groups: usize, size: usize, alpha: f64, steps: usize) -> CoreConfig {
         steps,
         seed: 100,
         serve_timeout: Duration::from_secs(60),
+        progress_timeout: Duration::from_secs(600),
     }
 }
 
@@ -371,6 +372,8 @@ fn storm(seed: u64) -> RunEnd {
         steps: rng.random_range(1..12),
         seed: 7,
         serve_timeout: Duration::from_secs(50),
+        // Storm events are seconds apart: only the serve deadline ends these runs early.
+        progress_timeout: Duration::MAX,
     };
     if sync {
         c.redundancy = 0;
@@ -528,7 +531,7 @@ fn storm(seed: u64) -> RunEnd {
     assert_eq!(sum.cursor.version, PolicyVersion(published as u64));
     match end {
         Some(RunEnd::Completed) => assert_eq!(published, steps, "seed {seed}"),
-        Some(RunEnd::Interrupted) | Some(RunEnd::Stalled { .. }) => {
+        Some(RunEnd::Interrupted | RunEnd::Stalled { .. } | RunEnd::NoProgress { .. }) => {
             assert!(published <= steps, "seed {seed}")
         }
         None => panic!("seed {seed}: no end"),
@@ -547,6 +550,7 @@ fn seeded_storms_keep_the_invariants() {
             RunEnd::Completed => completed += 1,
             RunEnd::Interrupted => interrupted += 1,
             RunEnd::Stalled { .. } => stalled += 1,
+            RunEnd::NoProgress { .. } => panic!("seed {seed}: no progress deadline in storms"),
         }
     }
     // The storms reach every way a run ends.
@@ -554,4 +558,117 @@ fn seeded_storms_keep_the_invariants() {
         completed > 0 && interrupted > 0 && stalled > 0,
         "{completed} completed, {interrupted} interrupted, {stalled} stalled"
     );
+}
+
+/// Every group failing (an environment server that died and stays down) never forms a
+/// batch: between steps, `progress_timeout` after the last sample entered the buffer, the
+/// run ends as `NoProgress` with what ended meanwhile — unless a group adds a sample first,
+/// which restarts the deadline. A step in flight suspends it.
+#[test]
+fn a_run_whose_groups_all_fail_stops_after_the_progress_timeout() {
+    let failed = |n: u64| GroupOutcome::<u32> {
+        samples: Vec::new(),
+        aborted: 0,
+        failed: n,
+    };
+    for recovers in [false, true] {
+        let mut c = cfg(2, 2, 1.0, 3);
+        c.progress_timeout = s(100);
+        let mut core = ControllerCore::<u32>::new(c, None, s(0)).unwrap();
+        let mut out = Vec::new();
+        core.handle(s(0), CoreEvent::Tick, &mut out);
+        assert_eq!(core.progress_deadline(), Some(s(100)));
+        let mut t = 1;
+        // Each failed group is replaced at once; none adds a sample.
+        for _ in 0..20 {
+            let g = starts(&out)[0].0;
+            out.clear();
+            core.handle(
+                s(t),
+                CoreEvent::GroupFinished {
+                    key: g,
+                    outcome: failed(2),
+                },
+                &mut out,
+            );
+            t += 4;
+        }
+        assert!(!core.is_done());
+        assert_eq!(
+            core.progress_deadline(),
+            Some(s(100)),
+            "failures are not progress"
+        );
+        if recovers {
+            let g = starts(&out)[0].0;
+            out.clear();
+            core.handle(
+                s(90),
+                CoreEvent::GroupFinished {
+                    key: g,
+                    outcome: complete(2),
+                },
+                &mut out,
+            );
+            assert_eq!(
+                core.progress_deadline(),
+                Some(s(190)),
+                "a sample restarts it"
+            );
+            core.handle(s(100), CoreEvent::Tick, &mut out);
+            assert!(!core.is_done());
+            continue;
+        }
+        out.clear();
+        core.handle(s(100), CoreEvent::Tick, &mut out);
+        let Some(CoreAction::Done(RunEnd::NoProgress {
+            version,
+            waited,
+            running,
+            failed,
+            filtered,
+        })) = out.last()
+        else {
+            panic!("{out:?}")
+        };
+        assert_eq!(
+            (*version, *waited, *failed, *filtered),
+            (PolicyVersion(0), s(100), 40, 0)
+        );
+        // The groups admitted last are still running, and counted as such.
+        assert_eq!(*running, core.accounting().running);
+        assert!(*running > 0);
+        let sum = core.close(s(100));
+        assert!(sum.accounting.balanced());
+        assert_eq!(sum.accounting.failed, 40);
+    }
+}
+
+/// A training step in flight suspends the progress deadline; its publication restarts it.
+#[test]
+fn the_progress_deadline_waits_for_a_step_in_flight() {
+    let mut c = cfg(1, 1, 0.0, 3);
+    c.progress_timeout = s(10);
+    let mut core = ControllerCore::<u32>::new(c, None, s(0)).unwrap();
+    let mut out = Vec::new();
+    core.handle(s(0), CoreEvent::Tick, &mut out);
+    let g = starts(&out)[0].0;
+    out.clear();
+    core.handle(
+        s(5),
+        CoreEvent::GroupFinished {
+            key: g,
+            outcome: complete(1),
+        },
+        &mut out,
+    );
+    assert!(
+        out.iter().any(|a| matches!(a, CoreAction::Train { .. })),
+        "{out:?}"
+    );
+    assert_eq!(core.progress_deadline(), None);
+    core.handle(s(50), CoreEvent::TrainFinished, &mut out);
+    core.handle(s(51), CoreEvent::SyncFinished { serving: true }, &mut out);
+    assert!(!core.is_done());
+    assert_eq!(core.progress_deadline(), Some(s(61)));
 }

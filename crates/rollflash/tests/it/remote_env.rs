@@ -181,3 +181,57 @@ async fn a_killed_env_server_costs_its_trajectories_and_a_down_one_is_named() {
     assert!(a.balanced(), "{a:?}");
     assert!(a.failed > 0, "the outage cost trajectories: {a:?}");
 }
+
+/// The only environment server killed after the first step and never restarted: every
+/// trajectory fails from then on, no batch can form, and the run stops after
+/// `controller.progress_timeout_secs` with a checkpoint and a message saying what it waited
+/// on — not a run that relaunches failing groups forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_env_server_that_stays_down_stops_the_run_with_a_checkpoint() {
+    let mut server = serve(0).await;
+    let url = server.url.clone();
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = TrainConfig::load(
+        None,
+        &sets(
+            dir.path(),
+            &url,
+            4,
+            &[
+                "controller.progress_timeout_secs=3",
+                "env.remote.timeout_secs=1",
+            ],
+        ),
+    )
+    .expect("config");
+    let metrics = dir.path().join("metrics.jsonl");
+    let run = tokio::spawn(pipeline::run(cfg));
+    let t0 = std::time::Instant::now();
+    while std::fs::read_to_string(&metrics).map_or(true, |m| m.lines().count() < 1) {
+        assert!(t0.elapsed() < Duration::from_secs(300), "no first step");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.child.kill().await.expect("kill");
+    let err = tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .expect("the run ends")
+        .expect("join")
+        .expect_err("no progress is an error");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("no progress") && msg.contains("controller.progress_timeout_secs"),
+        "{msg}"
+    );
+    let pipeline::PipelineError::NoProgress {
+        failed, checkpoint, ..
+    } = &err
+    else {
+        panic!("{err:?}")
+    };
+    assert!(*failed > 0, "{msg}");
+    assert!(
+        checkpoint.join("state.json").exists(),
+        "a resumable checkpoint at {}",
+        checkpoint.display()
+    );
+}
