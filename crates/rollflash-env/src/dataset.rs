@@ -951,3 +951,81 @@ impl Iterator for Sampler {
         i
     }
 }
+
+/// Why a dataset task's data is unusable. Each names the file, the row and the field.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The file could not be read, or a row lacks a field or has the wrong type.
+    #[error("dataset: {0}")]
+    Load(#[from] DatasetError),
+    /// The file has no rows.
+    #[error("dataset: {}: no rows (expected one row per line with fields `{prompt}` and `{answer}`)", path.display())]
+    Empty {
+        path: PathBuf,
+        /// The prompt field a row needs.
+        prompt: String,
+        /// The answer field a row needs.
+        answer: String,
+    },
+    /// The template names a field the row does not have.
+    #[error("dataset: {}: {at}: the template names field `{field}`, which the row does not have", path.display())]
+    UnknownField {
+        path: PathBuf,
+        at: RowRef,
+        field: String,
+    },
+    /// A field used in the template, or as system text or id, is not text.
+    #[error("dataset: {}: {at}: field `{field}` is {found}, expected {expected}", path.display())]
+    FieldType {
+        path: PathBuf,
+        at: RowRef,
+        field: String,
+        found: &'static str,
+        expected: &'static str,
+    },
+    /// The reference answer is nothing the verifier can match: even the answer itself, boxed,
+    /// would score 0.
+    #[error("dataset: {}: {at}: field `{field}`: the math verifier cannot parse the answer {answer:?}", path.display())]
+    UnparsableAnswer {
+        path: PathBuf,
+        at: RowRef,
+        field: String,
+        answer: String,
+    },
+    /// A countdown row's numbers or target is not what the game needs.
+    #[error("dataset: {}: {at}: field `{field}`: {reason}", path.display())]
+    BadCountdown {
+        path: PathBuf,
+        at: RowRef,
+        field: String,
+        reason: String,
+    },
+    /// `--resume` with a config whose data is not the checkpoint's.
+    #[error("dataset: cannot resume: {0}")]
+    Resume(#[source] CursorMismatch),
+    /// After holding out `heldout_fraction`, no training rows are left.
+    #[error("dataset: holding out a fraction of {fraction} leaves no training rows")]
+    NoTrainingRows { fraction: f64 },
+}
+
+/// Why a checkpoint's data cursor does not fit the config it is resumed with.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CursorMismatch {
+    /// The files (their number, rows or bytes) differ.
+    #[error("the checkpoint trained on [{checkpoint}], the config loads [{config}]; resume with the files it trained on, or start a new run")]
+    Files { checkpoint: String, config: String },
+    /// `shuffle_seed` differs.
+    #[error("the checkpoint's shuffle_seed is {checkpoint}, the config's {config}")]
+    ShuffleSeed { checkpoint: u64, config: u64 },
+    /// The walk starts at another task seed (another run seed).
+    #[error(
+        "the checkpoint's data walk starts at task seed {checkpoint}, the config's at {config}"
+    )]
+    Origin { checkpoint: u64, config: u64 },
+    /// The epoch length differs (file weights, or the held-out fraction, changed).
+    #[error("the checkpoint's epochs hold {checkpoint} rows, the config's {config} (weights or heldout_fraction changed)")]
+    EpochLen { checkpoint: u64, config: u64 },
+    /// Everything above agrees, but the next row is another one.
+    #[error("the checkpoint's next row is {checkpoint}, the config's {config}")]
+    NextRow { checkpoint: String, config: String },
+}

@@ -92,7 +92,7 @@ pub enum EnvError {
     /// Boxed: the row's details would make every `EnvError` (and the errors holding one)
     /// larger.
     #[error(transparent)]
-    Data(Box<crate::envs::dataset::DataError>),
+    Data(Box<crate::dataset::DataError>),
     /// A remote environment could not be reached or answered with an error.
     #[error("remote environment {url}: {source}")]
     Remote {
@@ -103,8 +103,8 @@ pub enum EnvError {
     },
 }
 
-impl From<crate::envs::dataset::DataError> for EnvError {
-    fn from(e: crate::envs::dataset::DataError) -> Self {
+impl From<crate::dataset::DataError> for EnvError {
+    fn from(e: crate::dataset::DataError) -> Self {
         EnvError::Data(Box::new(e))
     }
 }
