@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rollflash_core::{GenOutput, GenRequest, PolicyVersion, RequestId};
+use rollflash_core::{GenOutput, GenRequest, Generated, PolicyVersion, RequestId};
 use rollflash_model::config::ModelConfig;
 use rollflash_model::model::Transformer;
 use rollflash_model::tokenizer::Tokenizer;
 
-use crate::backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
+use crate::backend::{Backend, BackendError, BackendLoad, PauseMode, TokenScore, WeightUpdate};
 
 /// A version could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -191,6 +191,21 @@ impl Backend for DiskWeights {
     async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
         self.inner.generate(req).await
     }
+    async fn generate_stream(
+        &self,
+        req: GenRequest,
+        tokens: tokio::sync::mpsc::UnboundedSender<Generated>,
+    ) -> Result<GenOutput, BackendError> {
+        self.inner.generate_stream(req, tokens).await
+    }
+    async fn score(
+        &self,
+        tokens: &[u32],
+        temperature: f64,
+        top: usize,
+    ) -> Result<Vec<TokenScore>, BackendError> {
+        self.inner.score(tokens, temperature, top).await
+    }
     async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
         self.inner.abort(id).await
     }
@@ -249,6 +264,21 @@ impl Backend for FixedWeights {
     }
     async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
         self.inner.generate(req).await
+    }
+    async fn generate_stream(
+        &self,
+        req: GenRequest,
+        tokens: tokio::sync::mpsc::UnboundedSender<Generated>,
+    ) -> Result<GenOutput, BackendError> {
+        self.inner.generate_stream(req, tokens).await
+    }
+    async fn score(
+        &self,
+        tokens: &[u32],
+        temperature: f64,
+        top: usize,
+    ) -> Result<Vec<TokenScore>, BackendError> {
+        self.inner.score(tokens, temperature, top).await
     }
     async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
         self.inner.abort(id).await

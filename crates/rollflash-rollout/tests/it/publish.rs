@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use rollflash_core::{GenOutput, GenRequest, PolicyVersion, RequestId};
 use rollflash_rollout::{
     Backend, BackendError, BackendLoad, DiskWeights, FixedWeights, InstantBackend, PauseMode,
-    WeightPublisher, WeightUpdate,
+    TokenScore, WeightPublisher, WeightUpdate,
 };
 
 use crate::common::tiny_model;
@@ -45,6 +45,48 @@ impl Backend for Recording {
     }
     async fn health(&self) -> Result<(), BackendError> {
         self.inner.health().await
+    }
+    /// One entry per scored position, so a wrapper that fell back to the trait's default
+    /// (`Unsupported`) shows.
+    async fn score(
+        &self,
+        tokens: &[u32],
+        _temperature: f64,
+        _top: usize,
+    ) -> Result<Vec<TokenScore>, BackendError> {
+        Ok(tokens
+            .windows(2)
+            .map(|w| TokenScore {
+                logprob: -(w[1] as f32),
+                top: Vec::new(),
+            })
+            .collect())
+    }
+}
+
+/// The weight wrappers pass scoring through to the backend they wrap (top log-prob
+/// alternatives on `rollflash serve` depend on it), not the trait's default refusal.
+#[tokio::test]
+async fn the_weight_wrappers_forward_scoring() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(3);
+    let publisher = Arc::new(
+        WeightPublisher::new(tmp.path().join("w"), 2, model.config().clone(), None).unwrap(),
+    );
+    let rec = || -> Arc<dyn Backend> {
+        Arc::new(Recording {
+            inner: InstantBackend::new("r"),
+            seen: Mutex::new(Vec::new()),
+        })
+    };
+    let disk = DiskWeights::new(rec(), publisher);
+    let fixed = FixedWeights::new(rec(), PolicyVersion(0));
+    for b in [&disk as &dyn Backend, &fixed] {
+        let s = b.score(&[1, 2, 3], 1.0, 0).await.unwrap();
+        assert_eq!(
+            s.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+            [-2.0, -3.0]
+        );
     }
 }
 
