@@ -4,10 +4,15 @@
 //! `state.json` (the [`Cursor`]: steps done, policy version, next task seed; the sample
 //! accounting; the optimizer's step count, i.e. the learning-rate schedule's position;
 //! the evaluation before RL; for a dataset task, the data cursor: files, shuffle seed, epoch,
-//! next row), plus `metrics.jsonl` up to that step. A checkpoint is written
-//! to a temporary directory and renamed into place, so a crash never leaves a half-written
-//! `step-N`; only the newest `keep` are kept.
+//! next row), plus `metrics.jsonl` up to that step, and last `checksums.json`: the size and
+//! SHA-256 of every other file. A checkpoint is written to a temporary directory, flushed to
+//! disk (`fsync` of each file and of the directory) and renamed into place, so a crash or a
+//! `kill -9` never leaves a half-written `step-N`; only the newest `keep` are kept. Reading
+//! one checks every file against `checksums.json` first: a truncated or altered file is
+//! refused by name, and [`load_latest`] falls back to the newest checkpoint that is intact.
 
+use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
@@ -18,6 +23,7 @@ use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::train::{AdamW, OptimizerConfig};
 use rollflash_model::weights::Weights;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::eval::EvalResult;
 use rollflash_trainer::learner::PolicyLearner;
@@ -47,6 +53,12 @@ pub enum CheckpointError {
     },
     #[error("no checkpoint under {0} (write some with `--set checkpoint.every=K`)")]
     NoneFound(PathBuf),
+    /// A file of the checkpoint is not what was written: missing, truncated, altered.
+    #[error("checkpoint file {}: {reason}", file.display())]
+    Corrupt { file: PathBuf, reason: String },
+    /// Every checkpoint under the root was refused; each reason is listed.
+    #[error("no usable checkpoint under {}: {}", root.display(), refused.join("; "))]
+    NoneUsable { root: PathBuf, refused: Vec<String> },
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
 }
@@ -81,8 +93,12 @@ impl CheckpointState {
     }
 }
 
-const FORMAT: u32 = 1;
+/// 2: `checksums.json` is written and required. Format 1 checkpoints (before checksums) are
+/// still read, unverified.
+const FORMAT: u32 = 2;
 const STATE: &str = "state.json";
+const CHECKSUMS: &str = "checksums.json";
+const TMP_PREFIX: &str = ".tmp-step-";
 const OPTIMIZER: &str = "optimizer.safetensors";
 const METRICS: &str = "metrics.jsonl";
 
@@ -170,17 +186,48 @@ impl Checkpointer {
         };
         let n = state.cursor.steps_done;
         let dir = step_dir(&self.root, n);
-        let tmp = self.root.join(format!(".tmp-step-{n:08}"));
+        let tmp = self.root.join(format!("{TMP_PREFIX}{n:08}"));
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp).map_err(io("cannot clear", &tmp))?;
         }
         std::fs::create_dir_all(&tmp).map_err(io("cannot create", &tmp))?;
+        // A failed write (a full disk) leaves no temporary directory behind; what exists is
+        // untouched.
+        if let Err(e) = self.write_files(&tmp, learner, state, metrics) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io("cannot replace", &dir))?;
+        }
+        std::fs::rename(&tmp, &dir).map_err(io("cannot rename into", &dir))?;
+        // The rename itself reaches the disk only with the parent directory.
+        sync_dir(&self.root).map_err(io("cannot flush", &self.root))?;
+        let all = list(&self.root)?;
+        for (_, old) in all.iter().take(all.len().saturating_sub(self.keep)) {
+            std::fs::remove_dir_all(old).map_err(io("cannot prune", old))?;
+        }
+        Ok(dir)
+    }
+
+    /// Every file of a checkpoint into `tmp`, `checksums.json` last, all flushed to disk.
+    fn write_files(
+        &self,
+        tmp: &Path,
+        learner: &PolicyLearner,
+        state: &CheckpointState,
+        metrics: &Path,
+    ) -> Result<(), CheckpointError> {
+        let io = |what, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CheckpointError::Io { what, path, source }
+        };
         let model = |source| CheckpointError::Model {
-            path: tmp.clone(),
+            path: tmp.to_path_buf(),
             source,
         };
         rollflash_model::hf::save_dir(
-            &tmp,
+            tmp,
             &self.model_cfg,
             &learner.model().weights(),
             Some(&self.tokenizer),
@@ -193,26 +240,267 @@ impl Checkpointer {
         std::fs::copy(metrics, tmp.join(METRICS)).map_err(io("cannot copy", metrics))?;
         let text =
             serde_json::to_string_pretty(state).map_err(|source| CheckpointError::State {
-                path: tmp.clone(),
+                path: tmp.to_path_buf(),
                 source,
             })?;
-        std::fs::write(tmp.join(STATE), text).map_err(io("cannot write", &tmp))?;
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(io("cannot replace", &dir))?;
-        }
-        std::fs::rename(&tmp, &dir).map_err(io("cannot rename into", &dir))?;
-        let all = list(&self.root)?;
-        for (_, old) in all.iter().take(all.len().saturating_sub(self.keep)) {
-            std::fs::remove_dir_all(old).map_err(io("cannot prune", old))?;
-        }
-        Ok(dir)
+        std::fs::write(tmp.join(STATE), text).map_err(io("cannot write", tmp))?;
+        let sums = Checksums::of_dir(tmp, true)?;
+        let text =
+            serde_json::to_string_pretty(&sums).map_err(|source| CheckpointError::State {
+                path: tmp.to_path_buf(),
+                source,
+            })?;
+        let path = tmp.join(CHECKSUMS);
+        write_synced(&path, text.as_bytes()).map_err(io("cannot write", &path))?;
+        sync_dir(tmp).map_err(io("cannot flush", tmp))?;
+        Ok(())
     }
+}
+
+/// `checksums.json`: the size and SHA-256 (lower-case hex) of every other file of a
+/// checkpoint, by file name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checksums {
+    /// Always `sha256`.
+    pub algorithm: String,
+    pub files: BTreeMap<String, FileSum>,
+}
+
+/// One file's size and digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileSum {
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+impl Checksums {
+    /// The sums of every file in `dir` except `checksums.json`; with `flush`, each file is
+    /// also flushed to disk through the handle that read it.
+    pub fn of_dir(dir: &Path, flush: bool) -> Result<Checksums, CheckpointError> {
+        let io = |what, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CheckpointError::Io { what, path, source }
+        };
+        let mut files = BTreeMap::new();
+        for entry in std::fs::read_dir(dir).map_err(io("cannot list", dir))? {
+            let entry = entry.map_err(io("cannot list", dir))?;
+            let path = entry.path();
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if name == CHECKSUMS || !path.is_file() {
+                continue;
+            }
+            let sum = file_sum(&path, flush).map_err(io("cannot read", &path))?;
+            files.insert(name, sum);
+        }
+        Ok(Checksums {
+            algorithm: "sha256".into(),
+            files,
+        })
+    }
+}
+
+/// Size and SHA-256 of one file, read in 1 MiB pieces.
+fn file_sum(path: &Path, flush: bool) -> std::io::Result<FileSum> {
+    let mut f = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    if flush {
+        f.sync_all()?;
+    }
+    let digest = hasher.finalize();
+    let sha256 = digest.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(FileSum { bytes, sha256 })
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// Flushes a directory's entries (a rename or a new file in it) to disk.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Checks every file of the checkpoint in `dir` against its `checksums.json`. Returns
+/// whether it was verified: `false` only for a format-1 checkpoint, written before
+/// checksums existed. A missing, truncated or altered file is refused by name.
+pub fn verify(dir: &Path) -> Result<bool, CheckpointError> {
+    let sums_path = dir.join(CHECKSUMS);
+    let corrupt = |file: PathBuf, reason: String| CheckpointError::Corrupt { file, reason };
+    let text = match std::fs::read_to_string(&sums_path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Only a checkpoint from before checksums may lack them.
+            let state = read_state(dir)?;
+            if state.format >= 2 {
+                return Err(corrupt(
+                    sums_path,
+                    "missing (every checkpoint of this format has one)".into(),
+                ));
+            }
+            return Ok(false);
+        }
+        Err(source) => {
+            return Err(CheckpointError::Io {
+                what: "cannot read",
+                path: sums_path,
+                source,
+            })
+        }
+    };
+    let sums: Checksums = serde_json::from_str(&text)
+        .map_err(|e| corrupt(sums_path.clone(), format!("unreadable: {e}")))?;
+    if sums.algorithm != "sha256" {
+        return Err(corrupt(
+            sums_path,
+            format!("algorithm `{}` (this build checks sha256)", sums.algorithm),
+        ));
+    }
+    for (name, want) in &sums.files {
+        let path = dir.join(name);
+        let got = match file_sum(&path, false) {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(corrupt(path, "missing".into()))
+            }
+            Err(source) => {
+                return Err(CheckpointError::Io {
+                    what: "cannot read",
+                    path,
+                    source,
+                })
+            }
+        };
+        if got.bytes != want.bytes {
+            return Err(corrupt(
+                path,
+                format!(
+                    "{} bytes, {} when written (truncated or overwritten)",
+                    got.bytes, want.bytes
+                ),
+            ));
+        }
+        if got.sha256 != want.sha256 {
+            return Err(corrupt(
+                path,
+                format!(
+                    "contents differ from when written (sha256 {}, recorded {})",
+                    got.sha256, want.sha256
+                ),
+            ));
+        }
+    }
+    Ok(true)
+}
+
+/// A checkpoint [`load_latest`] passed over, and why.
+#[derive(Debug)]
+pub struct Refused {
+    pub dir: PathBuf,
+    pub error: CheckpointError,
+}
+
+/// The newest checkpoint under `root` that reads back intact, and the newer ones it passed
+/// over (newest first), each with its error; the caller says so.
+pub fn load_latest(
+    root: &Path,
+    device: &Device,
+) -> Result<(Loaded, Vec<Refused>), CheckpointError> {
+    let all = list(root)?;
+    if all.is_empty() {
+        return Err(CheckpointError::NoneFound(root.to_path_buf()));
+    }
+    let mut refused = Vec::new();
+    for (_, dir) in all.into_iter().rev() {
+        match load(&dir, device) {
+            Ok(l) => return Ok((l, refused)),
+            Err(error) => refused.push(Refused { dir, error }),
+        }
+    }
+    Err(CheckpointError::NoneUsable {
+        root: root.to_path_buf(),
+        refused: refused
+            .iter()
+            .map(|r| format!("{}: {}", r.dir.display(), r.error))
+            .collect(),
+    })
+}
+
+/// Moves a refused checkpoint aside to `refused-step-N` (kept for inspection, no longer
+/// listed), so a resumed run neither falls back to it again nor counts it when pruning.
+pub fn set_aside(dir: &Path) -> Result<PathBuf, CheckpointError> {
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("step")
+        .to_string();
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let mut to = parent.join(format!("refused-{name}"));
+    let mut k = 1;
+    while to.exists() {
+        to = parent.join(format!("refused-{name}.{k}"));
+        k += 1;
+    }
+    std::fs::rename(dir, &to).map_err(|source| CheckpointError::Io {
+        what: "cannot set aside",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    Ok(to)
+}
+
+/// Removes the temporary directories of checkpoints whose writing was cut short (a process
+/// killed mid-write) and returns them.
+pub fn clear_partial(root: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.filter_map(Result::ok) {
+        let is_tmp = e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(TMP_PREFIX));
+        if is_tmp && std::fs::remove_dir_all(e.path()).is_ok() {
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    out
+}
+
+fn read_state(dir: &Path) -> Result<CheckpointState, CheckpointError> {
+    let text = std::fs::read_to_string(dir.join(STATE)).map_err(|source| CheckpointError::Io {
+        what: "cannot read",
+        path: dir.join(STATE),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| CheckpointError::State {
+        path: dir.to_path_buf(),
+        source,
+    })
 }
 
 /// A checkpoint read back.
 #[derive(Debug)]
 pub struct Loaded {
     pub dir: PathBuf,
+    /// Every file matched `checksums.json` (false only for a checkpoint written before them).
+    pub verified: bool,
     pub state: CheckpointState,
     pub model_cfg: ModelConfig,
     pub weights: Weights,
@@ -234,27 +522,19 @@ impl Loaded {
     }
 }
 
-/// Reads the checkpoint in `dir`.
+/// Reads the checkpoint in `dir`, after [`verify`]ing its files.
 pub fn load(dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> {
     let model = |source| CheckpointError::Model {
         path: dir.to_path_buf(),
         source,
     };
-    let text = std::fs::read_to_string(dir.join(STATE)).map_err(|source| CheckpointError::Io {
-        what: "cannot read",
-        path: dir.join(STATE),
-        source,
-    })?;
-    let state: CheckpointState =
-        serde_json::from_str(&text).map_err(|source| CheckpointError::State {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-    if state.format != FORMAT {
+    let verified = verify(dir)?;
+    let state = read_state(dir)?;
+    if !(1..=FORMAT).contains(&state.format) {
         return Err(CheckpointError::State {
             path: dir.to_path_buf(),
             source: serde::de::Error::custom(format!(
-                "format {} (this build reads {FORMAT})",
+                "format {} (this build reads 1 to {FORMAT})",
                 state.format
             )),
         });
@@ -265,6 +545,7 @@ pub fn load(dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> {
     let metrics = crate::metrics::read(&dir.join(METRICS))?;
     Ok(Loaded {
         dir: dir.to_path_buf(),
+        verified,
         state,
         model_cfg,
         weights,

@@ -806,11 +806,28 @@ pub struct CheckpointSection {
     pub every: usize,
     /// How many of the newest checkpoints to keep.
     pub keep: usize,
+    /// What a checkpoint that cannot be written (a full disk) does to the run: `stop` (the
+    /// default: the run stops with the error; what was written before is intact) or
+    /// `continue` (the run goes on without that checkpoint and says so).
+    pub on_error: OnCheckpointError,
+}
+
+/// `checkpoint.on_error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnCheckpointError {
+    #[default]
+    Stop,
+    Continue,
 }
 
 impl Default for CheckpointSection {
     fn default() -> Self {
-        CheckpointSection { every: 0, keep: 3 }
+        CheckpointSection {
+            every: 0,
+            keep: 3,
+            on_error: OnCheckpointError::Stop,
+        }
     }
 }
 

@@ -152,3 +152,11 @@ pub fn read(path: &Path) -> Result<Vec<Value>, MetricsError> {
     }
     Ok(out)
 }
+
+/// How many lines `path` holds (a last line cut short counts); 0 if it cannot be read.
+pub fn count_lines(path: &Path) -> usize {
+    std::fs::read(path).map_or(0, |b| {
+        let full = b.iter().filter(|&&c| c == b'\n').count();
+        full + usize::from(b.last().is_some_and(|&c| c != b'\n'))
+    })
+}

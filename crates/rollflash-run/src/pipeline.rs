@@ -16,7 +16,7 @@ use rollflash_trainer::{
 };
 
 use crate::checkpoint::{self, Checkpointer};
-use crate::config::TrainConfig;
+use crate::config::{OnCheckpointError, TrainConfig};
 use crate::eval::{describe_eval, evaluate, evaluate_sampled, EvalResult};
 use crate::metrics::MetricsLog;
 use crate::plan::RunPlan;
@@ -208,10 +208,24 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
 
     // The policy: from a checkpoint when resuming (no warm-up: the checkpoint is past it).
     let resumed = match &opts.resume {
-        Some(Resume::Latest) => Some(checkpoint::load(&checkpoint::latest(&ckpt_root)?, device)?),
+        Some(Resume::Latest) => Some(resume_latest(&ckpt_root, device)?),
         Some(Resume::Dir(d)) => Some(checkpoint::load(d, device)?),
         None => None,
     };
+    if let Some(r) = &resumed {
+        for p in checkpoint::clear_partial(&ckpt_root) {
+            println!(
+                "removed {}: a checkpoint whose writing was cut short",
+                p.display()
+            );
+        }
+        if !r.verified {
+            println!(
+                "{}: written before checkpoints had checksums; not verified",
+                r.dir.display()
+            );
+        }
+    }
     let mut policy = Policy::load(&plan)?;
     if let Some(r) = &resumed {
         if r.state.seed != cfg.seed {
@@ -280,6 +294,19 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         .as_ref()
         .map(|r| r.metrics.clone())
         .unwrap_or_default();
+    if let Some(r) = &resumed {
+        // Steps after the checkpoint (and a line cut short by a kill) are replaced by the
+        // resumed run's own; say how many.
+        let had = crate::metrics::count_lines(&metrics_path);
+        if had > prefix.len() {
+            println!(
+                "metrics.jsonl: {} record(s) after step {} dropped (written after the \
+                 checkpoint; the resumed run writes its own)",
+                had - prefix.len(),
+                r.state.cursor.steps_done
+            );
+        }
+    }
     let log = MetricsLog::create(&metrics_path, &prefix)?;
     let done_before = resumed.as_ref().map_or(0, |r| r.state.cursor.steps_done);
     let progress = Progress::new(cfg.train.steps, done_before, cfg.metrics.progress);
@@ -342,6 +369,8 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         elapsed_before: resumed.as_ref().map_or(0.0, |r| r.state.elapsed_s),
         eval_before,
         data: plan.data.clone(),
+        on_checkpoint_error: cfg.checkpoint.on_error,
+        checkpoints_skipped: 0,
     };
     let outcome = ctl.run_with_sink(&mut sink).await;
     sink.progress.finish();
@@ -472,6 +501,26 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     })
 }
 
+/// The newest intact checkpoint under `root`. Newer ones that fail their checksums (or do
+/// not read back) are named, moved aside, and passed over.
+fn resume_latest(
+    root: &Path,
+    device: &candle_core::Device,
+) -> Result<checkpoint::Loaded, PipelineError> {
+    let (loaded, refused) = checkpoint::load_latest(root, device)?;
+    for r in refused {
+        let aside = checkpoint::set_aside(&r.dir)?;
+        println!(
+            "checkpoint {} refused: {}; moved to {}; falling back to {}",
+            r.dir.display(),
+            r.error,
+            aside.display(),
+            loaded.dir.display()
+        );
+    }
+    Ok(loaded)
+}
+
 /// What the run does with each published step: append it to `metrics.jsonl`, move the
 /// progress bar, update the Prometheus gauges, and write a checkpoint every `every` steps.
 struct RunSink {
@@ -486,6 +535,9 @@ struct RunSink {
     eval_before: Option<EvalResult>,
     /// The dataset task, whose cursor each checkpoint saves.
     data: Option<rollflash_env::envs::DatasetTaskConfig>,
+    on_checkpoint_error: OnCheckpointError,
+    /// Checkpoints not written under `checkpoint.on_error = "continue"`.
+    checkpoints_skipped: usize,
 }
 
 /// The data cursor at `cursor` of a dataset run (`None` for generated tasks). The data was
@@ -555,10 +607,18 @@ impl StepSink<PolicyLearner> for RunSink {
                     self.eval_before,
                 )
                 .with_data(data_cursor(self.data.as_ref(), cursor));
-                let dir = c
-                    .save(learner, &state, self.log.path())
-                    .map_err(|e| SinkError::new("checkpoint", e))?;
-                tracing::info!(path = %dir.display(), "checkpoint");
+                match c.save(learner, &state, self.log.path()) {
+                    Ok(dir) => tracing::info!(path = %dir.display(), "checkpoint"),
+                    Err(e) if self.on_checkpoint_error == OnCheckpointError::Continue => {
+                        self.checkpoints_skipped += 1;
+                        eprintln!(
+                            "checkpoint at step {} not written: {e}; continuing without it \
+                             (checkpoint.on_error = \"continue\"; {} skipped so far)",
+                            cursor.steps_done, self.checkpoints_skipped
+                        );
+                    }
+                    Err(e) => return Err(SinkError::new("checkpoint", e)),
+                }
             }
         }
         Ok(())

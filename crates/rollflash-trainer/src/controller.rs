@@ -577,6 +577,11 @@ impl<L: Learner> AsyncController<L> {
                     }
                 }
             }
+            // Resumed from the checkpoint of the last step (killed in the evaluation or the
+            // final save): there is nothing left to run.
+            if groups.is_empty() && training.is_none() && core.is_done() {
+                break 'run;
+            }
             // Nothing to wait for and no end: say so rather than wait forever.
             if groups.is_empty() && training.is_none() && core.serve_deadline().is_none() {
                 let b = core.buffer();

@@ -17,7 +17,12 @@ use serde_json::Value;
 /// behaviour log-prob, and those differ in the last bits with the continuous batch a request
 /// happened to share (matrix products of different row counts round differently), which is
 /// timing. With it, resumed weights agree to about 1e-6 instead of exactly.
-fn cfg(dir: &Path, steps: usize, every: usize) -> TrainConfig {
+pub(crate) fn cfg(dir: &Path, steps: usize, every: usize) -> TrainConfig {
+    TrainConfig::load(None, &sync_sets(dir, steps, every)).unwrap()
+}
+
+/// [`cfg`]'s settings as `--set` strings, for runs of the binary.
+pub(crate) fn sync_sets(dir: &Path, steps: usize, every: usize) -> Vec<String> {
     let mut sets = crate::util::tiny_lake_sets(dir);
     sets.extend([
         "seed=3".into(),
@@ -32,10 +37,10 @@ fn cfg(dir: &Path, steps: usize, every: usize) -> TrainConfig {
         format!("checkpoint.every={every}"),
         "checkpoint.keep=2".into(),
     ]);
-    TrainConfig::load(None, &sets).unwrap()
+    sets
 }
 
-fn metrics(dir: &Path) -> Vec<Value> {
+pub(crate) fn metrics(dir: &Path) -> Vec<Value> {
     rollflash_run::metrics::read(&dir.join("metrics.jsonl")).unwrap()
 }
 
@@ -44,7 +49,7 @@ fn column(rows: &[Value], key: &str) -> Vec<f64> {
 }
 
 /// Largest absolute difference between two checkpoints' tensors.
-fn max_weight_diff(a: &Path, b: &Path) -> f64 {
+pub(crate) fn max_weight_diff(a: &Path, b: &Path) -> f64 {
     let wa = rollflash_model::hf::load_weights(a, &Device::Cpu).unwrap();
     let wb = rollflash_model::hf::load_weights(b, &Device::Cpu).unwrap();
     wa.max_abs_diff(&wb).unwrap()

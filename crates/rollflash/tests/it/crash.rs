@@ -1,0 +1,363 @@
+//! Crash safety: checkpoints carry checksums and a damaged one is refused by name, with
+//! `--resume` falling back to the newest intact one; `rollflash train` killed with SIGKILL at
+//! moments drawn at random and resumed ends with the weights of an uninterrupted run; a full
+//! disk while a checkpoint is written leaves what exists intact.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use rollflash_run::checkpoint::{self, CheckpointError};
+use rollflash_run::pipeline::{self, Resume, RunOptions};
+use serde_json::Value;
+
+use crate::resume::{cfg, max_weight_diff, metrics, sync_sets};
+
+fn step(root: &Path, n: usize) -> PathBuf {
+    checkpoint::step_dir(root, n)
+}
+
+/// The accounting of the last metrics line adds up, and every step appears once, in order.
+fn check_metrics(dir: &Path, steps: usize) {
+    let m = metrics(dir);
+    let got: Vec<u64> = m.iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(got, (0..steps as u64).collect::<Vec<_>>(), "metrics steps");
+    let last: &Value = m.last().unwrap();
+    let n = |k: &str| last[k].as_u64().unwrap();
+    assert_eq!(
+        n("started"),
+        n("trained")
+            + n("filtered")
+            + n("dropped_stale")
+            + n("aborted")
+            + n("failed")
+            + n("running")
+            + n("buffered"),
+        "accounting: {last}"
+    );
+}
+
+fn tmp_dirs(root: &Path) -> Vec<String> {
+    std::fs::read_dir(root)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .filter(|n| n.starts_with(".tmp"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_checkpoint_is_refused_by_name_and_resume_falls_back_to_an_intact_one() {
+    const N: usize = 4;
+    let full = tempfile::tempdir().unwrap();
+    let part = tempfile::tempdir().unwrap();
+    let a = pipeline::run(cfg(full.path(), N, 0)).await.unwrap();
+
+    let mut c = cfg(part.path(), 3, 1);
+    c.checkpoint.keep = 3;
+    pipeline::run(c).await.unwrap();
+    let root = checkpoint::root(part.path());
+    for n in 1..=3 {
+        assert!(checkpoint::verify(&step(&root, n)).unwrap(), "step {n}");
+    }
+    let sums: checkpoint::Checksums = serde_json::from_str(
+        &std::fs::read_to_string(step(&root, 3).join("checksums.json")).unwrap(),
+    )
+    .unwrap();
+    for f in [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "state.json",
+        "metrics.jsonl",
+        "config.json",
+    ] {
+        assert!(sums.files.contains_key(f), "checksums.json lacks {f}");
+    }
+
+    // Step 3: model truncated. Step 2: one byte of the optimizer state flipped.
+    let model = step(&root, 3).join("model.safetensors");
+    let len = std::fs::metadata(&model).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&model)
+        .unwrap()
+        .set_len(len - 10)
+        .unwrap();
+    let opt = step(&root, 2).join("optimizer.safetensors");
+    let mut bytes = std::fs::read(&opt).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&opt, bytes).unwrap();
+    match checkpoint::verify(&step(&root, 3)) {
+        Err(CheckpointError::Corrupt { file, reason }) => {
+            assert_eq!(file, model);
+            assert!(reason.contains("truncated"), "{reason}");
+        }
+        other => panic!("truncated model accepted: {other:?}"),
+    }
+    let err = checkpoint::load(&step(&root, 2), &candle_core::Device::Cpu).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("optimizer.safetensors") && msg.contains("contents differ"),
+        "{msg}"
+    );
+    // A temporary directory of a write cut short.
+    std::fs::create_dir_all(root.join(".tmp-step-00000004")).unwrap();
+
+    // Resumed to N: from step 1, the two damaged ones set aside.
+    let b = pipeline::run_with(
+        cfg(part.path(), N, 1),
+        RunOptions {
+            resume: Some(Resume::Latest),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(b.resumed_from.as_deref(), Some(step(&root, 1).as_path()));
+    assert_eq!(b.report.steps.len(), N - 1);
+    assert!(root.join("refused-step-00000003").is_dir());
+    assert!(root.join("refused-step-00000002").is_dir());
+    assert!(tmp_dirs(&root).is_empty(), "{:?}", tmp_dirs(&root));
+    let diff = max_weight_diff(&a.checkpoint, &b.checkpoint);
+    assert_eq!(diff, 0.0, "resumed weights differ by {diff}");
+    check_metrics(part.path(), N);
+    // The checkpoints written after the resume are intact, and keep=2 pruned only those.
+    assert!(checkpoint::verify(&step(&root, N)).unwrap());
+
+    // Nothing intact left: the error lists every refusal.
+    let only = tempfile::tempdir().unwrap();
+    pipeline::run(cfg(only.path(), 1, 1)).await.unwrap();
+    let oroot = checkpoint::root(only.path());
+    std::fs::write(step(&oroot, 1).join("state.json"), "{").unwrap();
+    let err = checkpoint::load_latest(&oroot, &candle_core::Device::Cpu).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("no usable checkpoint") && msg.contains("state.json"),
+        "{msg}"
+    );
+}
+
+/// Killed after the last step's checkpoint (in the evaluation or the final save): the resume
+/// has no step left to run and still ends with the final weights.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_killed_after_its_last_checkpoint_resumes_to_its_final_weights() {
+    const N: usize = 2;
+    let dir = tempfile::tempdir().unwrap();
+    let a = pipeline::run(cfg(dir.path(), N, 1)).await.unwrap();
+    let keep = tempfile::tempdir().unwrap();
+    let first = keep.path().join("final");
+    std::fs::rename(&a.checkpoint, &first).unwrap();
+    let b = pipeline::run_with(
+        cfg(dir.path(), N, 1),
+        RunOptions {
+            resume: Some(Resume::Latest),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(b.report.steps.len(), 0);
+    assert_eq!(max_weight_diff(&first, &b.checkpoint), 0.0);
+    check_metrics(dir.path(), N);
+}
+
+/// Starts `rollflash train` on [`sync_sets`], resuming if asked.
+fn spawn_train(dir: &Path, steps: usize, resume: bool) -> std::process::Child {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rollflash"));
+    cmd.arg("train");
+    for s in sync_sets(dir, steps, 1) {
+        cmd.args(["--set", &s]);
+    }
+    if resume {
+        cmd.arg("--resume");
+    }
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits (bounded) until `pred` holds, polling every millisecond.
+fn wait_for(what: &str, limit: Duration, mut pred: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if pred() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    eprintln!("crash: {what} not seen within {limit:?}");
+    false
+}
+
+/// SIGKILLs a child and reaps it; says whether it had already exited by itself, and what it
+/// said about resuming (which checkpoint, what it dropped or removed).
+fn kill_9(mut child: std::process::Child) -> String {
+    use std::io::Read;
+    let exited = child.try_wait().unwrap().is_some();
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut out = String::new();
+    if let Some(mut s) = child.stdout.take() {
+        let _ = s.read_to_string(&mut out);
+    }
+    let said: Vec<&str> = out
+        .lines()
+        .filter(|l| {
+            ["resuming", "dropped", "removed", "refused"]
+                .iter()
+                .any(|k| l.contains(k))
+        })
+        .collect();
+    format!("exited first = {exited}; said {said:?}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_random_moments_then_resume_ends_with_the_uninterrupted_weights() {
+    const N: usize = 6;
+    let full = tempfile::tempdir().unwrap();
+    let a = pipeline::run(cfg(full.path(), N, 0)).await.unwrap();
+
+    let part = tempfile::tempdir().unwrap();
+    let root = checkpoint::root(part.path());
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(18);
+    let mut kills = Vec::new();
+
+    // 1: at a random moment after the first checkpoint (a step, a sync, a metrics line).
+    let child = spawn_train(part.path(), N, false);
+    assert!(wait_for("step-1", Duration::from_secs(300), || step(
+        &root, 1
+    )
+    .join("state.json")
+    .exists()));
+    let delay = Duration::from_millis(rng.random_range(0..400));
+    std::thread::sleep(delay);
+    kills.push(format!("after step-1 + {delay:?}: {}", kill_9(child)));
+
+    // 2: while a checkpoint is being written (its temporary directory exists).
+    let child = spawn_train(part.path(), N, true);
+    let caught = wait_for(
+        "a checkpoint being written",
+        Duration::from_secs(300),
+        || !tmp_dirs(&root).is_empty(),
+    );
+    kills.push(format!(
+        "mid-checkpoint (caught = {caught}): {}",
+        kill_9(child)
+    ));
+
+    // 3: at a random moment of a resumed run.
+    let child = spawn_train(part.path(), N, true);
+    let delay = Duration::from_millis(rng.random_range(800..2500));
+    std::thread::sleep(delay);
+    kills.push(format!("resumed + {delay:?}: {}", kill_9(child)));
+
+    // Then to the end.
+    let child = spawn_train(part.path(), N, true);
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "final resume failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said: Vec<&str> = stdout
+        .lines()
+        .filter(|l| {
+            ["resuming", "dropped", "removed", "refused"]
+                .iter()
+                .any(|k| l.contains(k))
+        })
+        .collect();
+    eprintln!("crash: kills {kills:#?}; final resume said {said:?}");
+    let diff = max_weight_diff(&a.checkpoint, &part.path().join("final"));
+    assert_eq!(
+        diff, 0.0,
+        "weights after kill -9 and resume differ by {diff}"
+    );
+    check_metrics(part.path(), N);
+    assert!(tmp_dirs(&root).is_empty(), "{:?}", tmp_dirs(&root));
+    for (n, d) in std::fs::read_dir(&root)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| (e.file_name(), e.path()))
+    {
+        assert!(checkpoint::verify(&d).unwrap(), "{n:?} left unverifiable");
+    }
+}
+
+/// Mounts a tmpfs of `bytes` at `at`; unmounted on drop. `None` (the test skips) where this
+/// process may not mount.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, bytes: u64) -> Option<Tmpfs> {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(at)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_while_checkpointing_stops_the_run_or_skips_and_keeps_what_exists() {
+    // The size of one checkpoint, from a run on the ordinary disk.
+    let probe = tempfile::tempdir().unwrap();
+    pipeline::run(cfg(probe.path(), 1, 1)).await.unwrap();
+    let one: u64 = std::fs::read_dir(step(&checkpoint::root(probe.path()), 1))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+
+    for on_error in ["stop", "continue"] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = checkpoint::root(dir.path());
+        // Room for one checkpoint and a half: the second one cannot be written.
+        let Some(_fs) = Tmpfs::mount(&root, one * 3 / 2 + 64 * 1024) else {
+            eprintln!(
+                "SKIP a_full_disk_while_checkpointing: cannot mount a tmpfs here (needs root \
+                 and mount rights)"
+            );
+            return;
+        };
+        let mut c = cfg(dir.path(), 3, 1);
+        c.checkpoint.keep = 3;
+        c.checkpoint.on_error = serde_json::from_value(Value::from(on_error)).unwrap();
+        let out = pipeline::run(c).await;
+        match on_error {
+            "stop" => {
+                let msg = format!("{:#}", anyhow::Error::from(out.unwrap_err()));
+                assert!(
+                    msg.contains("checkpoint") && msg.to_lowercase().contains("no space"),
+                    "{msg}"
+                );
+            }
+            _ => {
+                let s = out.unwrap();
+                assert_eq!(s.report.steps.len(), 3, "the run went on");
+                assert!(dir.path().join("final/model.safetensors").exists());
+            }
+        }
+        // What was written before is intact, and no partial checkpoint is left.
+        assert!(checkpoint::verify(&step(&root, 1)).unwrap(), "{on_error}");
+        assert!(!step(&root, 2).exists(), "{on_error}");
+        assert!(
+            tmp_dirs(&root).is_empty(),
+            "{on_error}: {:?}",
+            tmp_dirs(&root)
+        );
+    }
+}
