@@ -262,6 +262,40 @@ pub struct ControllerCore<T> {
     lost: Vec<String>,
 }
 
+/// What a run waits on at one moment: the answer to "why no step?", which a driver reports
+/// when none has been published for a while.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Waiting {
+    /// The trainer waits for a batch: `ready_groups` of `groups_per_batch` whole groups are
+    /// in the buffer, `running_groups` are being rolled out, `admissible` more may start.
+    Batch {
+        ready_groups: usize,
+        groups_per_batch: usize,
+        running_groups: usize,
+        admissible: usize,
+    },
+    /// A step trains from `version`, since `for_` ago.
+    Training {
+        version: PolicyVersion,
+        for_: Duration,
+    },
+    /// The weights `version` are being synced to the backends, since `for_` ago.
+    Sync {
+        version: PolicyVersion,
+        for_: Duration,
+    },
+    /// No backend serves `version`, for `for_`; the run stops at the serve deadline.
+    Unserved {
+        version: PolicyVersion,
+        for_: Duration,
+        timeout: Duration,
+    },
+    /// A stop was asked for; the run drains.
+    Stopping,
+    /// The run ended.
+    Done,
+}
+
 /// How many lost-group reasons a summary keeps (the count is in the accounting).
 const LOST_REASONS_KEPT: usize = 16;
 
@@ -332,6 +366,44 @@ impl<T> ControllerCore<T> {
     /// Whether a stop was asked for.
     pub fn stopping(&self) -> bool {
         self.stopping
+    }
+
+    /// What the run waits on at `now` (see [`Waiting`]).
+    pub fn waiting(&self, now: Duration) -> Waiting {
+        if self.phase == Phase::Done {
+            return Waiting::Done;
+        }
+        if self.stopping {
+            return Waiting::Stopping;
+        }
+        if let Some(t) = self.unserved_since {
+            return Waiting::Unserved {
+                version: self.buffer.version(),
+                for_: now.saturating_sub(t),
+                timeout: self.cfg.serve_timeout,
+            };
+        }
+        match (&self.step, self.phase) {
+            (Some(s), Phase::Syncing) => Waiting::Sync {
+                version: s.version.next(),
+                for_: now.saturating_sub(s.trained.unwrap_or(s.started)),
+            },
+            (Some(s), _) => Waiting::Training {
+                version: s.version,
+                for_: now.saturating_sub(s.started),
+            },
+            (None, _) => Waiting::Batch {
+                ready_groups: self.buffer.ready_groups(),
+                groups_per_batch: self.cfg.buffer.groups_per_batch,
+                running_groups: self.buffer.running_groups(),
+                admissible: self.buffer.admissible(),
+            },
+        }
+    }
+
+    /// Time since the last step was published (or the run started).
+    pub fn since_publish(&self, now: Duration) -> Duration {
+        now.saturating_sub(self.last_publish)
     }
 
     /// Whether `Done` was emitted.

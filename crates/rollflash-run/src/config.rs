@@ -396,6 +396,9 @@ pub struct ControllerSection {
     /// (an environment or every server failing each trajectory, or a filter nothing passes)
     /// before it stops with a checkpoint, saying what it waited on.
     pub progress_timeout_secs: f64,
+    /// With no step published for this long, log what the run waits on (the trainer, the
+    /// buffer, the proxy's queue and each backend) and again every such interval; 0 = never.
+    pub stall_report_secs: f64,
 }
 
 impl Default for TrainConfig {
@@ -506,6 +509,7 @@ impl Default for ControllerSection {
             sync: false,
             serve_timeout_secs: rollflash_trainer::DEFAULT_SERVE_TIMEOUT.as_secs_f64(),
             progress_timeout_secs: rollflash_trainer::DEFAULT_PROGRESS_TIMEOUT.as_secs_f64(),
+            stall_report_secs: rollflash_trainer::DEFAULT_STALL_REPORT.as_secs_f64(),
         }
     }
 }
@@ -670,6 +674,12 @@ impl TrainConfig {
             return Err(field(
                 "controller.progress_timeout_secs",
                 "must be > 0 and at most a year (3.2e7)",
+            ));
+        }
+        if !(c.stall_report_secs >= 0.0) || !(c.stall_report_secs <= 3.2e7) {
+            return Err(field(
+                "controller.stall_report_secs",
+                "must be >= 0 (0 = never) and at most a year (3.2e7)",
             ));
         }
         let t = &self.train;

@@ -320,6 +320,8 @@ impl RunPlan {
             seed: task_seed(c.seed),
             serve_timeout: Duration::from_secs_f64(c.controller.serve_timeout_secs),
             progress_timeout: Duration::from_secs_f64(c.controller.progress_timeout_secs),
+            stall_report: (c.controller.stall_report_secs > 0.0)
+                .then(|| Duration::from_secs_f64(c.controller.stall_report_secs)),
         };
         let warmup = warmup_plan(c);
         let first_task = task_seed(c.seed);

@@ -15,11 +15,12 @@ use async_trait::async_trait;
 use futures::FutureExt;
 use rollflash_core::buffer::{Accounting, Batch, BufferConfig, BufferConfigError, GroupOutcome};
 use rollflash_core::controller::{
-    ControllerCore, CoreAction, CoreConfig, CoreEvent, PublishedStep, RunEnd,
+    ControllerCore, CoreAction, CoreConfig, CoreEvent, PublishedStep, RunEnd, Waiting,
 };
 use rollflash_core::{PauseMode, PolicyVersion, Trajectory};
 use rollflash_rollout::{
-    EnvFactory, EnvManager, GroupResult, ProxyError, ProxyHandle, SyncTimings, WeightUpdate,
+    EnvFactory, EnvManager, GroupResult, ProxyError, ProxyHandle, ProxyMetrics, SyncTimings,
+    WeightUpdate,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -209,6 +210,9 @@ pub struct ControllerConfig {
     /// How long the run goes on between steps with no group adding a sample to the buffer
     /// (every environment or server failing, or a filter nothing passes) before it stops.
     pub progress_timeout: Duration,
+    /// With no step published for this long, say what the run waits on ([`StallReport`]),
+    /// and again every such interval; `None` never does.
+    pub stall_report: Option<Duration>,
 }
 
 impl Default for ControllerConfig {
@@ -221,7 +225,105 @@ impl Default for ControllerConfig {
             seed: 0,
             serve_timeout: DEFAULT_SERVE_TIMEOUT,
             progress_timeout: DEFAULT_PROGRESS_TIMEOUT,
+            stall_report: Some(DEFAULT_STALL_REPORT),
         }
+    }
+}
+
+/// The default of [`ControllerConfig::stall_report`]: a step of the built-in run takes
+/// seconds, of SmolLM2 on this CPU under a minute.
+pub const DEFAULT_STALL_REPORT: Duration = Duration::from_secs(120);
+
+/// How many [`StallReport`]s a [`RunReport`] keeps (each is also logged).
+const STALL_REPORTS_KEPT: usize = 32;
+
+/// What a run waited on when no step had been published for
+/// [`ControllerConfig::stall_report`]: logged as a warning, and kept in the [`RunReport`].
+#[derive(Debug, Clone)]
+pub struct StallReport {
+    /// Since the run started.
+    pub at: Duration,
+    /// Since the last published step (or the start).
+    pub since_step: Duration,
+    pub steps_done: usize,
+    pub waiting: Waiting,
+    pub accounting: Accounting,
+    /// The proxy's queue and backends, if it answered within [`STALL_PROXY_DEADLINE`].
+    pub proxy: Option<ProxyMetrics>,
+}
+
+/// How long a stall report waits for the proxy's metrics (a wedged proxy is itself news).
+pub const STALL_PROXY_DEADLINE: Duration = Duration::from_secs(2);
+
+impl std::fmt::Display for StallReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no step published for {:.0} s ({} steps done): ",
+            self.since_step.as_secs_f64(),
+            self.steps_done
+        )?;
+        match &self.waiting {
+            Waiting::Batch {
+                ready_groups,
+                groups_per_batch,
+                running_groups,
+                admissible,
+            } => write!(
+                f,
+                "the trainer waits for a batch ({ready_groups} of {groups_per_batch} groups \
+                 ready, {running_groups} rolling out, {admissible} more may start)"
+            )?,
+            Waiting::Training { version, for_ } => write!(
+                f,
+                "the trainer is training from {version} (for {:.0} s)",
+                for_.as_secs_f64()
+            )?,
+            Waiting::Sync { version, for_ } => write!(
+                f,
+                "the weight sync of {version} waits on the backends (for {:.0} s)",
+                for_.as_secs_f64()
+            )?,
+            Waiting::Unserved {
+                version,
+                for_,
+                timeout,
+            } => write!(
+                f,
+                "no backend serves {version} (for {:.0} s of {:.0} s before the run stops)",
+                for_.as_secs_f64(),
+                timeout.as_secs_f64()
+            )?,
+            Waiting::Stopping => write!(f, "stopping")?,
+            Waiting::Done => write!(f, "done")?,
+        }
+        match &self.proxy {
+            Some(p) => {
+                write!(f, "; proxy: {} queued", p.queue_depth)?;
+                if let Some(mode) = p.paused {
+                    write!(f, " (paused, {mode:?})")?;
+                }
+                for (name, running, up) in &p.backends {
+                    let state = if *up {
+                        "in rotation"
+                    } else {
+                        "OUT of rotation"
+                    };
+                    write!(f, "; {name}: {running} running, {state}")?;
+                }
+            }
+            None => write!(
+                f,
+                "; the proxy did not answer within {:.0} s",
+                STALL_PROXY_DEADLINE.as_secs_f64()
+            )?,
+        }
+        let a = self.accounting;
+        write!(
+            f,
+            "; samples: {} trained, {} failed, {} filtered, {} aborted, {} running, {} buffered",
+            a.trained, a.failed, a.filtered, a.aborted, a.running, a.buffered
+        )
     }
 }
 
@@ -294,6 +396,9 @@ pub struct RunReport {
     /// Groups whose task panicked (their samples count as failed), with the panic messages
     /// (the first few).
     pub lost_groups: Vec<String>,
+    /// What the run waited on whenever no step was published for
+    /// [`ControllerConfig::stall_report`] (the first few).
+    pub stall_reports: Vec<StallReport>,
 }
 
 impl RunReport {
@@ -478,6 +583,8 @@ impl<L: Learner> AsyncController<L> {
         // going down between syncs starts the same serve deadline as a sync nobody loaded.
         let mut fleet = self.proxy.serving();
         let mut fleet_open = true;
+        let mut stall_reports = Vec::new();
+        let mut last_report = Duration::ZERO;
 
         'run: loop {
             while let Some(action) = todo.pop_front() {
@@ -599,6 +706,12 @@ impl<L: Learner> AsyncController<L> {
             let progress = core
                 .progress_deadline()
                 .and_then(|at| start.checked_add(at));
+            // The next stall report: an interval after the last step, or the last report.
+            let report_at = self.cfg.stall_report.and_then(|every| {
+                let now = clock();
+                let quiet_from = now.saturating_sub(core.since_publish(now)).max(last_report);
+                start.checked_add(quiet_from + every)
+            });
             let ev = tokio::select! {
                 _ = stop.stopped(), if !core.stopping() => CoreEvent::Stop,
                 Some(done) = groups.join_next(), if !groups.is_empty() => match done {
@@ -652,6 +765,27 @@ impl<L: Learner> AsyncController<L> {
                     }
                 },
                 _ = sleep_until(progress), if progress.is_some() => CoreEvent::Tick,
+                _ = sleep_until(report_at), if report_at.is_some() => {
+                    let now = clock();
+                    last_report = now;
+                    let proxy = tokio::time::timeout(STALL_PROXY_DEADLINE, self.proxy.metrics())
+                        .await
+                        .ok()
+                        .and_then(Result::ok);
+                    let report = StallReport {
+                        at: now,
+                        since_step: core.since_publish(now),
+                        steps_done: core.cursor().steps_done,
+                        waiting: core.waiting(now),
+                        accounting: core.accounting(),
+                        proxy,
+                    };
+                    tracing::warn!("{report}");
+                    if stall_reports.len() < STALL_REPORTS_KEPT {
+                        stall_reports.push(report);
+                    }
+                    CoreEvent::Tick
+                }
                 _ = sleep_until(probe), if probe.is_some() => {
                     if self.serving().await { CoreEvent::Serving } else { CoreEvent::Tick }
                 }
@@ -691,6 +825,7 @@ impl<L: Learner> AsyncController<L> {
             end,
             staleness: summary.staleness,
             lost_groups: summary.lost_groups,
+            stall_reports,
         };
         Ok((report, self.learner.map(|l| *l)))
     }

@@ -14,8 +14,8 @@ pub mod supervised;
 
 pub use controller::{
     AsyncController, ControllerConfig, ControllerError, Cursor, EnvGroups, GroupRunner, Learner,
-    LearnerError, NoSink, ResumeFrom, RunReport, SinkError, StepRecord, StepSink, StepStats,
-    DEFAULT_PROGRESS_TIMEOUT, DEFAULT_SERVE_TIMEOUT,
+    LearnerError, NoSink, ResumeFrom, RunReport, SinkError, StallReport, StepRecord, StepSink,
+    StepStats, DEFAULT_PROGRESS_TIMEOUT, DEFAULT_SERVE_TIMEOUT, DEFAULT_STALL_REPORT,
 };
 pub use learner::{LearnerConfig, PolicyLearner};
 pub use rollflash_core::controller::RunEnd;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rollflash_core::buffer::{Batch, BufferConfig};
+use rollflash_core::controller::Waiting;
 use rollflash_core::proxy::LeastLoaded;
 use rollflash_core::{PauseMode, PolicyVersion, SamplingParams, Trajectory};
 use rollflash_env::{Env, EnvError, Reset, Step};
@@ -465,5 +466,145 @@ async fn a_weight_sync_no_backend_can_load_stops_the_run_as_stalled() {
         0,
         "no environment outlives the run"
     );
+    r.proxy.shutdown().await.unwrap();
+}
+
+/// Groups that never finish: a wedged environment fleet, as the controller sees it.
+struct HangingGroups;
+
+#[async_trait]
+impl GroupRunner for HangingGroups {
+    async fn run_group(&self, _: u64, _: usize, _: usize) -> GroupResult {
+        std::future::pending().await
+    }
+}
+
+/// With no step published for `stall_report`, the run says what it waits on, again every
+/// interval, until the progress deadline stops it: the trainer waiting for a batch that no
+/// running group delivers, and the proxy's backends.
+#[tokio::test(start_paused = true)]
+async fn a_run_that_makes_no_progress_reports_what_waits_on_what() {
+    let r = rollout(vec![Arc::new(InstantBackend::with_delay(
+        "i0",
+        Duration::from_millis(5),
+    ))]);
+    let buffer = BufferConfig {
+        groups_per_batch: 2,
+        group_size: 2,
+        alpha: 1.0,
+        ..Default::default()
+    };
+    let learner = CheckingLearner {
+        cfg: buffer.clone(),
+        seen: Arc::default(),
+        stop_at: None,
+    };
+    let ctl = AsyncController::with_groups(
+        ControllerConfig {
+            buffer,
+            steps: 2,
+            seed: 1,
+            progress_timeout: Duration::from_secs(300),
+            stall_report: Some(Duration::from_secs(60)),
+            ..Default::default()
+        },
+        r.proxy.handle(),
+        Arc::new(HangingGroups),
+        r.version,
+        learner,
+    )
+    .unwrap();
+    let (report, _) = tokio::time::timeout(
+        Duration::from_secs(24 * 3600),
+        ctl.run_with_sink(&mut NoSink),
+    )
+    .await
+    .expect("the run waited forever")
+    .unwrap();
+    assert!(
+        matches!(report.end, RunEnd::NoProgress { .. }),
+        "{:?}",
+        report.end
+    );
+    // At 60, 120, 180, 240 s (and perhaps at the 300 s deadline itself).
+    let n = report.stall_reports.len();
+    assert!((4..=5).contains(&n), "{n} reports");
+    let first = &report.stall_reports[0];
+    assert_eq!(first.since_step.as_secs(), 60);
+    assert_eq!(
+        first.waiting,
+        Waiting::Batch {
+            ready_groups: 0,
+            groups_per_batch: 2,
+            running_groups: 4,
+            admissible: 0,
+        },
+        "α = 1 admits two batches of groups, all hanging"
+    );
+    let text = first.to_string();
+    for want in [
+        "no step published for 60 s (0 steps done)",
+        "the trainer waits for a batch (0 of 2 groups ready, 4 rolling out, 0 more may start)",
+        "proxy: 0 queued; i0: 0 running, in rotation",
+        "8 running",
+    ] {
+        assert!(text.contains(want), "{want:?} not in {text:?}");
+    }
+    assert_eq!(report.stall_reports[1].since_step.as_secs(), 120);
+    r.proxy.shutdown().await.unwrap();
+}
+
+/// A sync no backend can load: the report says so, with the backend out of rotation.
+#[tokio::test(start_paused = true)]
+async fn a_stall_report_names_the_backend_that_does_not_serve_the_new_weights() {
+    let backend = Arc::new(InstantBackend::with_delay("i0", Duration::from_millis(5)));
+    backend.set_failing_updates(true);
+    let r = rollout(vec![Arc::clone(&backend)]);
+    let buffer = BufferConfig {
+        groups_per_batch: 2,
+        group_size: 2,
+        alpha: 1.0,
+        ..Default::default()
+    };
+    let learner = CheckingLearner {
+        cfg: buffer.clone(),
+        seen: Arc::default(),
+        stop_at: None,
+    };
+    let ctl = AsyncController::new(
+        ControllerConfig {
+            buffer,
+            steps: 4,
+            seed: 1,
+            serve_timeout: Duration::from_secs(30),
+            stall_report: Some(Duration::from_secs(10)),
+            ..Default::default()
+        },
+        r.proxy.handle(),
+        r.envs.clone(),
+        Arc::clone(&r.make_env),
+        r.version,
+        learner,
+    )
+    .unwrap();
+    let (report, _) = tokio::time::timeout(
+        Duration::from_secs(24 * 3600),
+        ctl.run_with_sink(&mut NoSink),
+    )
+    .await
+    .expect("the run waited forever")
+    .unwrap();
+    assert!(matches!(report.end, RunEnd::Stalled { .. }));
+    let first = report.stall_reports.first().expect("a stall report");
+    assert!(
+        matches!(first.waiting, Waiting::Unserved { .. }),
+        "{:?}",
+        first.waiting
+    );
+    let text = first.to_string();
+    let serves = format!("no backend serves {}", report.cursor.version);
+    for want in [serves.as_str(), "i0: 0 running, OUT of rotation"] {
+        assert!(text.contains(want), "{want:?} not in {text:?}");
+    }
     r.proxy.shutdown().await.unwrap();
 }
