@@ -354,6 +354,7 @@ impl LlmProxy {
             probing: vec![false; list.len()],
             probe_interval: cfg.health_probe_interval,
             actions: Vec::new(),
+            paused_backends: None,
         };
         let task = tokio::spawn(state.run(rx));
         LlmProxy {
@@ -610,6 +611,9 @@ struct ProxyTask {
     tasks: JoinSet<()>,
     /// Backends being probed back into rotation.
     probing: Vec<bool>,
+    /// The backends the last pause was sent to (those not down then): the resume goes to
+    /// them, so a server that is down costs a sync no pause and resume deadlines.
+    paused_backends: Option<Vec<usize>>,
     probe_interval: Duration,
     actions: Vec<ProxyAction>,
     /// Published after every message: whether some backend is in rotation.
@@ -672,6 +676,7 @@ impl ProxyTask {
         let now = self.now();
         let mut actions = std::mem::take(&mut self.actions);
         self.sched.handle(now, ProxyEvent::Tick, &mut actions);
+        let mut wedged = Vec::new();
         for a in actions.drain(..) {
             // A tick cancels nothing but expired attempts.
             if let ProxyAction::Cancel { id, backend } = &a {
@@ -680,10 +685,32 @@ impl ProxyTask {
                     %id,
                     "no answer within the request timeout; cancelled, retrying or failing"
                 );
+                if !wedged.contains(backend) {
+                    wedged.push(*backend);
+                }
             }
             self.act(a);
         }
         self.actions = actions;
+        // A backend that let an attempt run past the deadline is wedged (or far too slow):
+        // it leaves rotation, its other attempts are retried elsewhere now rather than each
+        // waiting out its own deadline, syncs skip it, and the probe brings it back (healthy
+        // and holding the latest weights) when it answers again. Only while another backend
+        // is in rotation: the last one stays (its retries are already bounded) rather than
+        // leave the requests nowhere to go.
+        for backend in wedged {
+            let others = (0..self.backends.len())
+                .any(|i| i != backend.0 && self.sched.is_healthy(BackendId(i)));
+            if others && self.sched.is_healthy(backend) {
+                tracing::warn!(
+                    backend = self.backends[backend.0].name(),
+                    "backend leaves rotation after a request deadline; probing it back in"
+                );
+                self.weights.set_down(backend.0, true);
+                self.feed(ProxyEvent::BackendDown { backend });
+                self.start_probe(backend);
+            }
+        }
     }
 
     fn now(&self) -> Duration {
@@ -743,14 +770,20 @@ impl ProxyTask {
             Msg::Pause(mode, ack) => {
                 self.feed(ProxyEvent::Pause { mode });
                 let backends = Arc::clone(&self.backends);
+                // A backend that is down (being probed) runs none of our requests: it is not
+                // paused, and its probe resumes it before it rejoins.
+                let targets: Vec<usize> = (0..backends.len())
+                    .filter(|&i| !self.weights.is_down(i))
+                    .collect();
+                self.paused_backends = Some(targets.clone());
                 // Bounded like an update: a server that never answers its pause must not
                 // hold the sync (its requests are bounded by their own deadlines).
                 let limit = self.weights.timeout;
                 self.tasks.spawn(async move {
                     let _ = futures::future::join_all(
-                        backends
+                        targets
                             .iter()
-                            .map(|b| tokio::time::timeout(limit, b.pause(mode))),
+                            .map(|&i| tokio::time::timeout(limit, backends[i].pause(mode))),
                     )
                     .await;
                     let _ = ack.send(());
@@ -758,13 +791,17 @@ impl ProxyTask {
             }
             Msg::Resume(ack) => {
                 let backends = Arc::clone(&self.backends);
+                let targets = self
+                    .paused_backends
+                    .take()
+                    .unwrap_or_else(|| (0..backends.len()).collect());
                 let tx = self.tx.clone();
                 let limit = self.weights.timeout;
                 self.tasks.spawn(async move {
                     let _ = futures::future::join_all(
-                        backends
+                        targets
                             .iter()
-                            .map(|b| tokio::time::timeout(limit, b.resume())),
+                            .map(|&i| tokio::time::timeout(limit, backends[i].resume())),
                     )
                     .await;
                     // Dispatch only once the backends generate again.
@@ -786,14 +823,27 @@ impl ProxyTask {
                 loaded: false,
             } => {
                 self.feed(ProxyEvent::WeightsFailed { backend, version });
+                // Later syncs skip it while the probe catches it up: a server wedged in a
+                // load would otherwise cost every sync its full update deadline.
+                self.weights.set_down(backend.0, true);
                 self.start_probe(backend);
             }
             Msg::Rejoined(b) => {
                 if let Some(p) = self.probing.get_mut(b.0) {
                     *p = false;
                 }
+                // Clear `down` before looking at the latest version: a sync that skipped
+                // this backend published before it read `down`, so it is seen below; a
+                // later one does not skip it.
                 self.weights.set_down(b.0, false);
                 self.feed(ProxyEvent::BackendUp { backend: b });
+                let latest = self.weights.latest().map(|u| u.version());
+                if latest.is_some() && self.sched.weights_of(b) < latest {
+                    // It came back during a sync that skipped it: catch it up again
+                    // rather than leave it out of rotation (it holds older weights than
+                    // the current ones, so the scheduler keeps it out) until the next sync.
+                    self.start_probe(b);
+                }
             }
             Msg::Metrics(reply) => {
                 let _ = reply.send(self.metrics());
@@ -975,6 +1025,14 @@ impl ProxyTask {
                         tracing::debug!(backend = backend.name(), error = %e, "catch-up weight update failed");
                         continue;
                     }
+                }
+                // A pause may have reached it before it went down, and the resume skipped
+                // it: it must generate again before it rejoins.
+                if tokio::time::timeout(weights.timeout, backend.resume())
+                    .await
+                    .map_or(true, |r| r.is_err())
+                {
+                    continue;
                 }
                 let _ = tx.send(Msg::Rejoined(b));
                 return;

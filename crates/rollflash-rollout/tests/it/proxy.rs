@@ -335,6 +335,63 @@ async fn a_request_hung_on_a_backend_is_retried_on_another_after_its_deadline() 
     proxy.shutdown().await.unwrap();
 }
 
+/// A backend that let one attempt run past its deadline leaves rotation at once: a second
+/// request already running there is retried on the healthy backend then, not when its own
+/// deadline passes half a deadline later.
+#[tokio::test(start_paused = true)]
+async fn a_backend_past_a_request_deadline_leaves_rotation_and_its_other_requests_move() {
+    let hung = Arc::new(common::Hanging::default());
+    let ok = Arc::new(InstantBackend::new("ok"));
+    ok.hold();
+    let timeout = rollflash_rollout::DEFAULT_REQUEST_TIMEOUT;
+    let proxy = LlmProxy::start(
+        vec![entry(hung.clone(), 4), entry(ok.clone(), 1)],
+        Box::new(LeastLoaded),
+        ProxyConfig::default(),
+    );
+    let h = proxy.handle();
+    let start = tokio::time::Instant::now();
+    // The first request goes to the hanging backend (least loaded, lowest id); a second,
+    // half a deadline later, too (the other backend is full: one slot, held).
+    let first = {
+        let h = h.clone();
+        let req = GenRequest::new(h.next_id(), vec![1], params(3));
+        tokio::spawn(async move { h.generate(req).await })
+    };
+    let blocker = {
+        let h = h.clone();
+        let req = GenRequest::new(h.next_id(), vec![1], params(3));
+        tokio::spawn(async move { h.generate(req).await })
+    };
+    until(|| hung.calls() == 1 && ok.running() == 1).await;
+    tokio::time::sleep(timeout / 2).await;
+    let second = {
+        let h = h.clone();
+        let req = GenRequest::new(h.next_id(), vec![1], params(3));
+        tokio::spawn(async move { h.generate(req).await })
+    };
+    until(|| hung.calls() == 2).await;
+    // At the first deadline both requests leave the hanging backend, not only the one whose
+    // deadline passed: the healthy one serves both as soon as it has room.
+    tokio::time::sleep_until(start + timeout + Duration::from_millis(1)).await;
+    ok.release();
+    for t in [first, second, blocker] {
+        let out = tokio::time::timeout(FOREVER, t)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(out.output.len(), 3);
+    }
+    let took = start.elapsed();
+    assert!(
+        took < timeout + timeout / 4,
+        "the second request waited out its own deadline: {took:?}"
+    );
+    assert_eq!(ok.served(), 3, "all three answered by the healthy backend");
+    proxy.shutdown().await.unwrap();
+}
+
 /// With only the hanging backend, every retry hangs too: once the retry budget is spent the
 /// caller gets an answer — a failure whose reason says it timed out — and nothing is left
 /// running.

@@ -39,8 +39,22 @@ impl Drop for Server {
 /// `rollflash serve` of the built-in model (weights from another seed than the trainer's: the
 /// run's first load replaces them), loading weights only from under `root`.
 fn serve(root: &Path, log: &Path) -> Server {
+    serve_on(root, log, 0)
+}
+
+/// [`serve`] on a given port (0: any).
+fn serve_on(root: &Path, log: &Path, port: u16) -> Server {
+    let port = port.to_string();
     let mut child = Command::new(env!("CARGO_BIN_EXE_rollflash"))
-        .args(["serve", "--port", "0", "--threads", "1", "--init-seed", "9"])
+        .args([
+            "serve",
+            "--port",
+            &port,
+            "--threads",
+            "1",
+            "--init-seed",
+            "9",
+        ])
         .arg("--weights-root")
         .arg(root)
         .env_remove("ROLLFLASH_API_KEY")
@@ -316,5 +330,220 @@ fn a_fleet_that_all_goes_down_stops_the_run_with_a_checkpoint_after_the_serve_ti
     assert!(
         ckpts.iter().any(|c| c.join("state.json").exists()),
         "a resumable checkpoint of where it stopped ({ckpts:?}): {err}"
+    );
+}
+
+/// Every server of the fleet is SIGKILLed after step 2; one is restarted on its port (with
+/// other weights than the run's: a fresh process) before the serve deadline. The run waits,
+/// catches the restarted server up to the current weights before it serves, and finishes on
+/// it: every step recorded once, accounting balanced, staleness within ⌈α⌉, the server at the
+/// final version.
+#[test]
+fn a_fleet_that_all_goes_down_continues_on_a_server_that_comes_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let published = dir.join("published");
+    std::fs::create_dir_all(&published).unwrap();
+    let mut a = serve(&published, &dir.join("serve-a.err"));
+    let mut b = serve(&published, &dir.join("serve-b.err"));
+    let config = write_config(dir, &[("sglang", &a.url), ("openai", &b.url)]);
+    let mut run = train_with(dir, &config, &["controller.serve_timeout_secs=60"]);
+    let t = Instant::now();
+    while metrics(dir).len() < KILL_AFTER {
+        assert!(run.try_wait().unwrap().is_none(), "the run ended early");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no step {KILL_AFTER} within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for s in [&mut a, &mut b] {
+        s.child.kill().unwrap();
+        s.child.wait().unwrap();
+    }
+    let down = Instant::now();
+    // Down for a while: the run notices (the fleet's serving watch turns false).
+    std::thread::sleep(Duration::from_secs(2));
+    let port: u16 = a
+        .url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    let back = serve_on(&published, &dir.join("serve-a2.err"), port);
+    assert_eq!(back.url, a.url);
+    let status = wait_exit(&mut run, Duration::from_secs(120), dir);
+    let err = std::fs::read_to_string(dir.join("train.err")).unwrap_or_default();
+    eprintln!("finished {:?} after the fleet went down", down.elapsed());
+    assert!(status.success(), "the run failed: {status}\n{err}");
+    let m = metrics(dir);
+    assert_eq!(m.len() as u64, STEPS, "every step recorded");
+    let mut trained = 0;
+    for (i, s) in m.iter().enumerate() {
+        let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("step {i}: no {k}"));
+        assert_eq!(
+            n("started"),
+            n("trained")
+                + n("filtered")
+                + n("dropped_stale")
+                + n("aborted")
+                + n("failed")
+                + n("running")
+                + n("buffered"),
+            "step {i}: accounting unbalanced: {s}"
+        );
+        trained += n("samples");
+        assert_eq!(
+            n("trained"),
+            trained,
+            "step {i}: a sample counted twice or lost"
+        );
+        assert!(n("staleness_max") <= 1, "step {i}: {s}");
+    }
+    assert_eq!(
+        served_version(&back.url),
+        STEPS,
+        "the restarted server was caught up"
+    );
+}
+
+/// A TCP forwarder on loopback in front of a server, run on its own thread: it passes bytes
+/// both ways until `slow` is set, then holds every byte (in both directions, on open and new
+/// connections): a server that accepts and never answers.
+struct SlowProxy {
+    url: String,
+    slow: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SlowProxy {
+    fn start(upstream: &str) -> SlowProxy {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let up: std::net::SocketAddr = upstream.strip_prefix("http://").unwrap().parse().unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let slow = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&slow);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                // Copies one direction, holding everything once `slow` is set.
+                async fn pipe(
+                    mut from: tokio::net::tcp::OwnedReadHalf,
+                    mut to: tokio::net::tcp::OwnedWriteHalf,
+                    slow: Arc<AtomicBool>,
+                ) {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match from.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        while slow.load(Ordering::SeqCst) {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        if to.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                while let Ok((client, _)) = listener.accept().await {
+                    let Ok(server) = tokio::net::TcpStream::connect(up).await else {
+                        continue;
+                    };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::spawn(pipe(cr, sw, Arc::clone(&flag)));
+                    tokio::spawn(pipe(sr, cw, Arc::clone(&flag)));
+                }
+            });
+        });
+        SlowProxy { url, slow }
+    }
+}
+
+/// One of two servers stops answering mid-run (behind a forwarder that holds every byte
+/// from then on; the process itself stays up, so nothing is refused or reset): its requests
+/// hit the proxy's per-attempt deadline (`rollout.request_timeout_secs`) and are retried on
+/// the other server, its weight syncs hit `rollout.weight_sync_timeout_secs`, and the run
+/// finishes on the other, balanced — a bounded cost, not a hang.
+#[test]
+fn a_server_that_stops_answering_costs_request_deadlines_not_a_hang() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let published = dir.join("published");
+    std::fs::create_dir_all(&published).unwrap();
+    let a = serve(&published, &dir.join("serve-a.err"));
+    let b = serve(&published, &dir.join("serve-b.err"));
+    let slow = SlowProxy::start(&b.url);
+    let config = write_config(dir, &[("sglang", &a.url), ("sglang", &slow.url)]);
+    let mut run = train_with(
+        dir,
+        &config,
+        &[
+            "rollout.request_timeout_secs=3",
+            "rollout.weight_sync_timeout_secs=3",
+        ],
+    );
+    let t = Instant::now();
+    while metrics(dir).is_empty() {
+        assert!(run.try_wait().unwrap().is_none(), "the run ended early");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no first step within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    slow.slow.store(true, std::sync::atomic::Ordering::SeqCst);
+    let since = Instant::now();
+    let status = wait_exit(&mut run, Duration::from_secs(120), dir);
+    let err = std::fs::read_to_string(dir.join("train.err")).unwrap_or_default();
+    eprintln!(
+        "finished {:?} after the server stopped answering",
+        since.elapsed()
+    );
+    assert!(status.success(), "the run failed: {status}\n{err}");
+    let m = metrics(dir);
+    let col = |k: &str| {
+        m.iter()
+            .map(|s| s[k].as_f64().unwrap_or(f64::NAN))
+            .collect::<Vec<_>>()
+    };
+    eprintln!(
+        "wall_s {:?}; weight_sync_ms {:?}; failed {:?}",
+        col("wall_s"),
+        col("weight_sync_ms"),
+        col("failed")
+    );
+    assert_eq!(m.len() as u64, STEPS, "every step recorded");
+    let last = m.last().unwrap();
+    let n = |k: &str| last[k].as_u64().unwrap();
+    assert_eq!(
+        n("started"),
+        n("trained")
+            + n("filtered")
+            + n("dropped_stale")
+            + n("aborted")
+            + n("failed")
+            + n("running")
+            + n("buffered"),
+        "accounting: {last}"
+    );
+    // The held server missed the syncs after it went quiet; the other one served them all.
+    assert_eq!(served_version(&a.url), STEPS);
+    let synced_late = m.iter().skip(2).any(|s| {
+        s["weight_sync_ms_by_backend"]
+            .as_object()
+            .is_some_and(|by| by.values().any(Value::is_null))
+    });
+    assert!(
+        synced_late,
+        "a sync after the stall skipped the quiet server: {m:?}"
     );
 }
