@@ -40,7 +40,7 @@ fn ppo_at_ratio_one_is_minus_mean_advantage() {
     assert_all_close(&out.grad, &want, TOL, 0.0, "grad");
     let m = out.metrics;
     assert_eq!(
-        (m.clip_frac, m.ratio_mean, m.ratio_max, m.ratio_min),
+        (m.clip_frac, m.ratio_mean_token, m.ratio_max, m.ratio_min),
         (0.0, 1.0, 1.0, 1.0)
     );
     assert_close(m.approx_kl, 0.0, TOL, 0.0, "approx_kl");
@@ -329,7 +329,7 @@ fn masked_tokens_get_zero_gradient_even_with_garbage() {
             let m = out.metrics;
             for v in [
                 m.approx_kl,
-                m.ratio_mean,
+                m.ratio_mean_token,
                 m.ratio_max,
                 m.ratio_min,
                 m.clip_frac,
@@ -350,7 +350,7 @@ fn a_fully_masked_batch_gives_zero_loss_and_gradient() {
         assert_eq!(out.loss, 0.0);
         assert!(out.grad.iter().all(|&g| g == 0.0));
         assert_eq!(out.metrics.n_valid_tokens, 0);
-        assert_eq!(out.metrics.ratio_mean, 1.0);
+        assert_eq!(out.metrics.ratio_mean_token, 1.0);
     }
 }
 
