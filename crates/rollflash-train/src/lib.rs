@@ -32,7 +32,7 @@ pub use error::{Result, TrainError};
 pub use kl::KlEstimator;
 pub use layout::SeqLayout;
 pub use loss::{
-    policy_loss, LossConfig, LossMetrics, LossOutput, PgVariant, PolicyLossInputs,
-    RejectionAction, RejectionAgg, RejectionLevel, RejectionMetric, RejectionSampling,
+    policy_loss, LossConfig, LossMetrics, LossOutput, PgVariant, PolicyLossInputs, RejectionAction,
+    RejectionAgg, RejectionLevel, RejectionMetric, RejectionSampling,
 };
 pub use shaping::{compute_shaped_advantages, NormScope, OverlongConfig, ShapingConfig};

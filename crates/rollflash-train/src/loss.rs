@@ -70,7 +70,6 @@ pub enum PgVariant {
     DecoupledPpo,
 }
 
-
 /// Granularity of [`RejectionSampling`] (AReaL `RejectionSamplingConfig.level`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -217,7 +216,13 @@ impl RejectionSampling {
                     let valid: Vec<usize> = range.clone().filter(|&t| mask[t] > 0.0).collect();
                     let vals: Vec<f64> = valid
                         .iter()
-                        .map(|&t| if log_agg { d[t] } else { self.token_metric(d[t]) })
+                        .map(|&t| {
+                            if log_agg {
+                                d[t]
+                            } else {
+                                self.token_metric(d[t])
+                            }
+                        })
                         .collect();
                     let count = vals.len().max(1) as f64;
                     if log_agg {

@@ -21,9 +21,9 @@ use rollflash_model::train::{
 };
 use rollflash_rollout::WeightUpdate;
 use rollflash_train::advantage::{AdvantageBatch, AdvantageEstimator};
-use rollflash_train::shaping::{compute_shaped_advantages, ShapingConfig, ShapingMetrics};
 use rollflash_train::kl::{kl_per_token, KlEstimator};
 use rollflash_train::loss::{policy_loss, LossConfig, LossMetrics, PolicyLossInputs};
+use rollflash_train::shaping::{compute_shaped_advantages, ShapingConfig, ShapingMetrics};
 use rollflash_train::LossAgg;
 
 use crate::controller::{Learner, LearnerError, StepStats};
