@@ -384,11 +384,11 @@ pub struct ReinforcePpParams {
 ///
 /// 1. baseline (optional): `r_i ← r_i − mean_g(r)` over the sequence's group;
 /// 2. token rewards: `ρ_t = −β·kl_t` on valid tokens, plus `r_i` on the **last valid token**
-///    of sequence `i` (ROLL puts the response reward on its last token);
+///    of sequence `i` (ROLL puts the response reward on its last token), each clamped to
+///    `[−c, c]` when `reward_clip = Some(c)` (ROLL's `compute_token_reward`);
 /// 3. returns over the sequence's positions: `G_t = ρ_t + γ·G_{t+1}` (with γ = 1 every valid
 ///    token gets `r_i − β·Σ_{s≥t} kl_s`; masked positions carry no reward but still count
 ///    for the discount, as in ROLL's padded layout);
-/// 3a. with `reward_clip = Some(c)`, each `ρ_t` is clamped to `[−c, c]` first;
 /// 4. whitening (optional) of `G` over all valid tokens of the batch ([`masked_whiten`]);
 ///    masked tokens end up 0.
 pub fn reinforce_pp_advantages(
