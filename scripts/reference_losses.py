@@ -13,7 +13,10 @@ sharing code (or layout) with the Rust crate:
                 roll/utils/train_infer_corrections.py  IS weight and filters
   inclusionAI/AReaL  areal/utils/functional/functional.py  ppo_actor_loss_fn with
                                                  behav_imp_weight_cap (before the
-                                                 rejection_sampling rewrite): decoupled PPO
+                                                 rejection_sampling rewrite): decoupled PPO;
+                                                 apply_rejection_sampling (mask / clamp)
+  ROLL roll/pipeline/agentic/utils.py            compute_segment_masked_mean (segment level)
+  DAPO (arXiv 2503.14476) eq. 13                 soft overlong punishment
   verl  core_algos.compute_rloo_outcome_advantage; compute_policy_loss_gspo (GSPO-token)
 
 Conventions that the Rust side documents and this reference mirrors:
@@ -142,6 +145,76 @@ def approx_kl(logp, base, mask, kind):
     return v * mask
 
 
+def segment_mean(x, mask):
+    """ROLL compute_segment_masked_mean: each run of consecutive 1s in a row of `mask`
+    gets the mean of `x` over that run; 0 elsewhere."""
+    out = np.zeros_like(x)
+    for b in range(mask.shape[0]):
+        row = mask[b]
+        starts = [t for t in range(len(row)) if row[t] == 1 and (t == 0 or row[t - 1] == 0)]
+        for s0 in starts:
+            e = s0
+            while e < len(row) and row[e] == 1:
+                e += 1
+            out[b, s0:e] = x[b, s0:e].mean()
+    return out
+
+
+def rejection_weight(rs, prox, behav, mask):
+    """AReaL apply_rejection_sampling (2-D padded branch): the behaviour weight after
+    masking or clamping, 0 where rejected or masked."""
+    level = rs.get("level", "token")
+    action = rs.get("action", "mask")
+    metric_name = rs.get("metric", "ratio")
+    agg = rs.get("agg", "mean")
+    upper = rs.get("upper", 5.0)
+    lower = rs.get("lower")
+    lr = np.where(mask > 0, prox - behav, 0.0)
+    if metric_name == "ratio":
+        metric = np.exp(lr)
+    elif metric_name == "kl_k1":
+        metric = lr
+    elif metric_name == "kl_k2":
+        metric = lr ** 2 / 2.0
+    else:
+        metric = np.exp(-lr) - 1.0 + lr
+
+    def bounds(m):
+        ok = m <= upper
+        return ok & (m >= lower) if lower is not None else ok
+
+    w = np.exp(lr)
+    lo = lower if lower is not None else 0.0
+    in_b = np.ones_like(mask, dtype=bool)
+    if level == "sequence":
+        use_log = metric_name == "ratio"
+        vals = lr if use_log else metric
+        cnt = np.maximum(mask.sum(-1, keepdims=True), 1)
+        masked = np.where(mask > 0, vals, 0.0)
+        if use_log:
+            w = np.exp(masked.sum(-1, keepdims=True) / cnt) * np.ones_like(lr)
+        if agg == "sum":
+            sa = masked.sum(-1, keepdims=True)
+        elif agg == "mean":
+            sa = masked.sum(-1, keepdims=True) / cnt
+        else:
+            sa = np.where(mask > 0, vals, -np.inf).max(-1, keepdims=True)
+            sa = np.where(mask.sum(-1, keepdims=True) == 0, 0.0, sa)
+        sm = np.exp(sa) if use_log else sa
+        ok = bounds(sm) * np.ones_like(mask, dtype=bool)
+        if action == "mask":
+            in_b = ok
+        else:
+            w = np.where(~ok, np.clip(w, lo, upper), w)
+    else:
+        if action == "mask":
+            in_b = bounds(metric)
+        else:
+            w = np.clip(w, lo, upper)
+    keep = (mask > 0) & in_b
+    return np.where(keep, w, 0.0)
+
+
 def train_infer_correction(cfg, old, behav, mask):
     """ROLL compute_train_infer_correction (token / geometric / sequence)."""
     log_ratio = old - behav
@@ -151,11 +224,13 @@ def train_infer_correction(cfg, old, behav, mask):
         "token": np.exp(log_ratio),
         "geometric": np.exp(masked_mean(log_ratio, mask, -1))[:, None] * ones,
         "sequence": np.exp(masked_sum(log_ratio, mask, -1))[:, None] * ones,
+        "segment": np.exp(segment_mean(log_ratio, mask)),
     }
     diff = {
         "token": diff_tok,
         "geometric": masked_mean(diff_tok, mask, -1)[:, None] * ones,
         "sequence": masked_sum(diff_tok, mask, -1)[:, None] * ones,
+        "segment": segment_mean(diff_tok, mask),
     }
     isw = cfg.get("is_weight")
     if isw is not None:
@@ -267,10 +342,14 @@ def total_loss(lp, lp0, inp, cfg, with_terms=False):
         if c["dual_clip"] is not None:
             pg3 = np.sign(A) * c["dual_clip"] * A
             pg = np.minimum(pg, pg3)
-        w = np.exp(old - behav)
-        cap = c["behav_imp_weight_cap"]
-        bmask = (w <= cap) * mask if cap is not None else mask
-        pg = pg * np.where(bmask > 0, w, 0.0)
+        rs = c.get("rejection_sampling")
+        if rs is None:
+            w = np.exp(old - behav)
+            cap = c["behav_imp_weight_cap"]
+            bmask = (w <= cap) * mask if cap is not None else mask
+            pg = pg * np.where(bmask > 0, w, 0.0)
+        else:
+            pg = pg * rejection_weight(rs, old, behav, mask)
     else:
         raise ValueError(v)
 
@@ -350,6 +429,28 @@ EXTRA = {
                               agg_norm_len=8),
     "decoupled_nocap_token_mean": dict(pg_variant="decoupled_ppo", loss_agg="token_mean",
                                        behav_imp_weight_cap=None),
+    # Segment-level (per-turn) correction: sequence 2 has two segments (mask 1 1 0 1).
+    "ppo_corr_segment": dict(pg_variant="ppo", correction=dict(
+        is_weight=dict(level="segment", upper_bound=1.5))),
+    "ppo_corr_segment_filter": dict(pg_variant="ppo", loss_agg="token_mean", correction=dict(
+        filters=[dict(level="segment", ratio_range=[0.7, 1.6],
+                      diff_range=[-0.15, 0.15])])),
+    # AReaL rejection sampling (replaces the cap).
+    "decoupled_rs_token_mask": dict(pg_variant="decoupled_ppo", loss_agg="token_mean",
+                                    rejection_sampling=dict(upper=1.5, lower=0.6)),
+    "decoupled_rs_token_clamp": dict(pg_variant="decoupled_ppo", loss_agg="token_mean",
+                                     rejection_sampling=dict(action="clamp", upper=1.5,
+                                                             lower=0.6)),
+    "decoupled_rs_seq_mask": dict(pg_variant="decoupled_ppo", rejection_sampling=dict(
+        level="sequence", upper=1.3)),
+    "decoupled_rs_seq_clamp_sum": dict(pg_variant="decoupled_ppo", rejection_sampling=dict(
+        level="sequence", action="clamp", agg="sum", upper=1.3, lower=0.8)),
+    "decoupled_rs_seq_k3_max": dict(pg_variant="decoupled_ppo", loss_agg="seq_mean_token_sum",
+                                    rejection_sampling=dict(level="sequence", metric="kl_k3",
+                                                            agg="max", upper=0.2)),
+    "decoupled_rs_token_k1": dict(pg_variant="decoupled_ppo", dual_clip=3.0,
+                                  rejection_sampling=dict(metric="kl_k1", upper=0.3,
+                                                          lower=-0.3)),
 }
 
 
@@ -456,6 +557,139 @@ def advantages():
     }
 
 
+# --------------------------------------------------------------------------------------------
+# Reward and advantage shaping (ROLL reward_norm, reward_clip, compute_token_reward's clip,
+# whiten_advantages, advantage_clip; DAPO's soft overlong punishment).
+# --------------------------------------------------------------------------------------------
+
+def overlong(length, max_len, cache_len, factor):
+    """DAPO eq. 13 (times verl's penalty_factor)."""
+    if length <= max_len - cache_len:
+        return 0.0
+    if length <= max_len:
+        return ((max_len - cache_len) - length) / cache_len * factor
+    return -1.0 * factor
+
+
+def reward_norm(rewards, groups, mean_type, std_type, eps=1e-6):
+    r = np.asarray(rewards, dtype=np.float64)
+    gid = np.repeat(np.arange(len(groups)), groups)
+    out = np.zeros_like(r)
+    for i in range(len(r)):
+        g = r[gid == gid[i]]
+        mu = {"none": 0.0, "group": g.mean(), "batch": r.mean()}[mean_type]
+        if std_type == "none":
+            out[i] = r[i] - mu
+            continue
+        pool = g if std_type == "group" else r
+        if len(pool) < 2:
+            out[i] = 0.0  # undefined std (ROLL's agentic_reward_norm gives 0)
+        else:
+            out[i] = (r[i] - mu) / (pool.std(ddof=1) + eps)
+    return out
+
+
+def whiten_tokens(values, mask):
+    v = np.asarray(values, dtype=np.float64)
+    m = np.asarray(mask, dtype=np.float64)
+    if m.sum() < 2:
+        return v * m
+    mean = (v * m).sum() / m.sum()
+    var = ((v - mean) ** 2 * m).sum() / (m.sum() - 1)
+    return (v - mean) / np.sqrt(var + 1e-8) * m
+
+
+def rpp_clipped(rewards, lengths, mask, kl, gamma, kl_coef, clip):
+    """REINFORCE++ returns with ROLL's token-level reward clip (no whitening here)."""
+    offs = list(np.cumsum([0] + lengths[:-1]))
+    n = sum(lengths)
+    m = pad(np.asarray(mask, dtype=np.float64), offs, n)
+    k = pad(np.asarray(kl, dtype=np.float64), offs, n)
+    tok = -kl_coef * k * m
+    for i in range(len(lengths)):
+        valid = np.nonzero(m[i])[0]
+        if len(valid):
+            tok[i, valid[-1]] += rewards[i]
+    if clip is not None:
+        tok = np.clip(tok, -clip, clip)
+    ret = np.zeros_like(tok)
+    acc = np.zeros(tok.shape[0])
+    for t in reversed(range(tok.shape[1])):
+        acc = tok[:, t] + gamma * acc
+        ret[:, t] = acc
+    return list(unpad(ret * m, offs, n))
+
+
+SHAPING_CASES = {
+    "rpp_group_group": (dict(name="reinforce_plus_plus", whiten=False),
+                        dict(norm_mean_type="group", norm_std_type="group")),
+    "roll_reinforce_pp": (dict(name="reinforce_plus_plus", whiten=False, kl_coef=0.1),
+                          dict(norm_mean_type="batch", norm_std_type="batch", reward_clip=1.2,
+                               advantage_clip=1.0)),
+    "lite_ppo": (dict(name="reinforce_plus_plus", whiten=False),
+                 dict(norm_mean_type="group", norm_std_type="batch")),
+    "grpo_whiten_clip": (dict(name="grpo"), dict(whiten_advantages=True, advantage_clip=1.1)),
+    "rloo_whiten": (dict(name="rloo"), dict(whiten_advantages=True)),
+    "dr_grpo_overlong": (dict(name="grpo", norm_by_std=False),
+                         dict(overlong=dict(max_len=3, cache_len=2, penalty_factor=0.5))),
+    "std_only_clip": (dict(name="reinforce_plus_plus", whiten=False),
+                      dict(norm_std_type="group", reward_clip=0.5)),
+    "batch_mean_only": (dict(name="grpo", norm_by_std=False), dict(norm_mean_type="batch")),
+    "rpp_whiten_twice": (dict(name="reinforce_plus_plus", gamma=0.9, baseline=True),
+                         dict(norm_std_type="batch", whiten_advantages=True)),
+}
+
+
+def shaped(estimator, shaping, rewards, groups, lengths, mask, kl):
+    r = np.asarray(rewards, dtype=np.float64)
+    ov = shaping.get("overlong")
+    if ov is not None:
+        offs = np.cumsum([0] + lengths[:-1])
+        lens = [int(sum(mask[o:o + l])) for o, l in zip(offs, lengths)]
+        r = r + np.array([overlong(x, ov["max_len"], ov.get("cache_len", ov["max_len"] // 5),
+                                   ov.get("penalty_factor", 1.0)) for x in lens])
+    r = reward_norm(r, groups, shaping.get("norm_mean_type", "none"),
+                    shaping.get("norm_std_type", "none"), shaping.get("norm_eps", 1e-6))
+    clip = shaping.get("reward_clip")
+    if clip is not None:
+        r = np.clip(r, -clip, clip)
+    name = estimator["name"]
+    if name == "grpo":
+        adv = broadcast(grpo(list(r), groups, estimator.get("norm_by_std", True)), lengths,
+                        mask)
+    elif name == "rloo":
+        adv = broadcast(rloo(list(r), groups), lengths, mask)
+    else:
+        rr = r.copy()
+        if estimator.get("baseline", False):
+            at = 0
+            for g in groups:
+                rr[at:at + g] -= rr[at:at + g].mean()
+                at += g
+        adv = rpp_clipped(rr, lengths, mask, kl, estimator.get("gamma", 1.0),
+                          estimator.get("kl_coef", 0.0), clip)
+        if estimator.get("whiten", True):
+            adv = list(whiten_tokens(adv, mask))
+    adv = np.asarray(adv, dtype=np.float64)
+    if shaping.get("whiten_advantages", False):
+        adv = whiten_tokens(adv, mask)
+    aclip = shaping.get("advantage_clip")
+    if aclip is not None:
+        adv = np.clip(adv, -aclip, aclip)
+    return [float(a) for a in adv * np.asarray(mask, dtype=np.float64)]
+
+
+def shaping_cases():
+    m = [bool(x) for x in ADV_MASK]
+    out = []
+    for name, (est, sh) in SHAPING_CASES.items():
+        out.append(dict(name=name, estimator=est, shaping=sh,
+                        advantages=shaped(est, sh, ADV_REWARDS, ADV_GROUPS, ADV_LENGTHS, m,
+                                          ADV_KL)))
+    return dict(rewards=ADV_REWARDS, group_sizes=ADV_GROUPS, lengths=ADV_LENGTHS,
+                mask=ADV_MASK, kl=ADV_KL, cases=out)
+
+
 def rust_array(name, values):
     body = ", ".join(repr(float(v)) for v in values)
     return f"#[rustfmt::skip]\nconst {name.upper()}: [f64; {len(values)}] = [{body}];"
@@ -468,6 +702,7 @@ def build():
         inputs={k: (list(map(float, v)) if isinstance(v, np.ndarray) else v)
                 for k, v in inp.items()},
         cases=cases(inp),
+        shaping=shaping_cases(),
     )
     return data
 
@@ -492,6 +727,9 @@ def main():
             assert a["name"] == b["name"]
             worst = max(worst, abs(a["loss"] - b["loss"]),
                         max(abs(x - y) for x, y in zip(a["grad"], b["grad"])))
+        for a, b in zip(old["shaping"]["cases"], new["shaping"]["cases"]):
+            assert a["name"] == b["name"]
+            worst = max(worst, max(abs(x - y) for x, y in zip(a["advantages"], b["advantages"])))
         print(f"{len(new['cases'])} cases, max abs difference to fixture {worst:.3g}")
         if worst > 1e-12:
             sys.exit(1)

@@ -12,6 +12,9 @@ use rollflash_env::envs::{EnvConfig, EnvSpec};
 use rollflash_env::math_task::MathTaskConfig;
 use rollflash_train::advantage::AdvantageEstimator;
 use rollflash_train::loss::{LossConfig, PgVariant};
+use rollflash_train::shaping::ShapingConfig;
+
+use crate::preset::Preset;
 use serde::{Deserialize, Serialize};
 
 /// A configuration problem; the message names the field.
@@ -371,10 +374,18 @@ pub struct TrainSection {
     pub adam_eps: f64,
     /// Linear learning-rate warm-up steps.
     pub lr_warmup_steps: usize,
+    /// A named algorithm (`grpo`, `dapo`, `dr_grpo`, `reinforce_pp`, `gspo`, `lite_ppo`):
+    /// expands to `advantage`, `loss`, `shaping` (and, for DAPO, `buffer.filter`) settings
+    /// under what is written explicitly (`crate::preset`).
+    pub preset: Option<Preset>,
     /// Group advantage estimator (`grpo`, `rloo`, `reinforce_plus_plus`).
     pub advantage: AdvantageEstimator,
     /// The policy loss, its aggregation, KL and entropy terms.
     pub loss: LossConfig,
+    /// Reward and advantage shaping around the estimator: ROLL's `norm_mean_type` /
+    /// `norm_std_type`, `reward_clip`, `whiten_advantages`, `advantage_clip`, and DAPO's
+    /// soft overlong punishment (`[train.shaping.overlong]`).
+    pub shaping: ShapingConfig,
     /// Greedy evaluation problems before and after training (0 = none).
     pub eval_problems: usize,
     /// Samples per held-out task for pass@1 at the rollout temperature (0 = greedy only).
@@ -496,10 +507,36 @@ impl Default for TrainSection {
                 pg_variant: PgVariant::DecoupledPpo,
                 ..LossConfig::default()
             },
+            preset: None,
+            shaping: ShapingConfig::default(),
             eval_problems: 200,
             eval_samples: 4,
         }
     }
+}
+
+impl TrainSection {
+    /// `shaping` with the overlong punishment's `max_len` defaulted to `max_new_tokens`.
+    pub fn shaping_resolved(&self, max_new_tokens: usize) -> ShapingConfig {
+        let mut s = self.shaping;
+        if let Some(o) = &mut s.overlong {
+            o.max_len.get_or_insert(max_new_tokens);
+        }
+        s
+    }
+}
+
+/// `train.preset` of the table as written, if any (a bad name is a type error naming it).
+fn preset_of(table: &toml::Table) -> Result<Option<Preset>, ConfigError> {
+    let Some(v) = table.get("train").and_then(|t| t.get("preset")) else {
+        return Ok(None);
+    };
+    Preset::deserialize(v.clone())
+        .map(Some)
+        .map_err(|source| ConfigError::Type {
+            key: "train.preset".into(),
+            source: Box::new(source),
+        })
 }
 
 impl Default for ControllerSection {
@@ -541,6 +578,19 @@ impl TrainConfig {
             Ok(toml::Value::Table(t)) => t,
             _ => toml::Table::new(),
         };
+        // A preset lies between the defaults and what was written, so explicit fields win.
+        if let Some(preset) = preset_of(&table)? {
+            let max_new_tokens = table
+                .get("rollout")
+                .and_then(|r| r.get("max_new_tokens"))
+                .and_then(toml::Value::as_integer)
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(RolloutSection::default().max_new_tokens);
+            let fragment = preset
+                .table(max_new_tokens)
+                .map_err(|reason| field("train.preset", reason))?;
+            merge(&mut merged, fragment);
+        }
         merge(&mut merged, table);
         let table = merged;
         // Deserialise through serde_path_to_error so a type error names its key path.
@@ -551,6 +601,12 @@ impl TrainConfig {
             })?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The shaping with its defaults that depend on the rollout filled in (the overlong
+    /// punishment's `max_len` = `rollout.max_new_tokens`).
+    pub fn shaping_resolved(&self) -> ShapingConfig {
+        self.train.shaping_resolved(self.rollout.max_new_tokens)
     }
 
     /// The resolved configuration as TOML (what `--dry-run` prints).
@@ -591,6 +647,7 @@ impl TrainConfig {
             },
             loss: t.loss.clone(),
             advantage: t.advantage,
+            shaping: t.shaping_resolved(self.rollout.max_new_tokens),
             temperature: self.rollout.temperature,
             threads: t.threads,
             micro_batch_size: t.micro_batch_size,
@@ -714,6 +771,12 @@ impl TrainConfig {
             .validate()
             .map_err(|source| ConfigError::Train {
                 section: "train.advantage",
+                source,
+            })?;
+        self.shaping_resolved()
+            .validate()
+            .map_err(|source| ConfigError::Train {
+                section: "train",
                 source,
             })?;
         if self.warmup.steps > 0 && self.warmup.batch_size == 0 {

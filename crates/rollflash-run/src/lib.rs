@@ -10,6 +10,7 @@ pub mod eval;
 pub mod metrics;
 pub mod pipeline;
 pub mod plan;
+pub mod preset;
 pub mod progress;
 pub mod prometheus;
 pub mod report;

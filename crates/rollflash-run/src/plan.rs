@@ -406,6 +406,7 @@ impl RunPlan {
                 ModelSource::Dir(d) => d.display().to_string(),
             }
         )];
+        out.push(crate::preset::describe(&self.learner));
         for b in &self.backends {
             match b {
                 BackendPlan::Engine {

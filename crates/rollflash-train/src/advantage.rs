@@ -174,6 +174,18 @@ pub fn compute_advantages(
     estimator: &AdvantageEstimator,
     batch: &AdvantageBatch<'_>,
 ) -> Result<Vec<f64>> {
+    compute_advantages_clipped(estimator, batch, None)
+}
+
+/// [`compute_advantages`] with REINFORCE++'s token rewards (score on the last token, KL
+/// penalty on every token) clamped to `[−c, c]` when `token_reward_clip` is `Some(c)`: ROLL's
+/// `compute_token_reward` with `reward_clip`. GRPO and RLOO ignore it (their rewards are
+/// clipped per sequence, before, by [`crate::shaping`]).
+pub fn compute_advantages_clipped(
+    estimator: &AdvantageEstimator,
+    batch: &AdvantageBatch<'_>,
+    token_reward_clip: Option<f64>,
+) -> Result<Vec<f64>> {
     estimator.validate()?;
     let layout = SeqLayout::new(batch.seq_offsets, batch.mask.len())?;
     layout.check_seqs("rewards", batch.rewards.len())?;
@@ -200,6 +212,7 @@ pub fn compute_advantages(
                 baseline,
                 whiten,
                 eps,
+                reward_clip: token_reward_clip,
             },
         ),
     }
@@ -360,6 +373,9 @@ pub struct ReinforcePpParams {
     pub whiten: bool,
     /// Variance epsilon of the whitening.
     pub eps: f64,
+    /// Clamp each token reward `ρ_t` to `[−c, c]` (ROLL's `reward_clip` in
+    /// `compute_token_reward`); `None` = no clamp.
+    pub reward_clip: Option<f64>,
 }
 
 /// REINFORCE++ token advantages, following ROLL's `reinforce` estimator
@@ -368,7 +384,8 @@ pub struct ReinforcePpParams {
 ///
 /// 1. baseline (optional): `r_i ← r_i − mean_g(r)` over the sequence's group;
 /// 2. token rewards: `ρ_t = −β·kl_t` on valid tokens, plus `r_i` on the **last valid token**
-///    of sequence `i` (ROLL puts the response reward on its last token);
+///    of sequence `i` (ROLL puts the response reward on its last token), each clamped to
+///    `[−c, c]` when `reward_clip = Some(c)` (ROLL's `compute_token_reward`);
 /// 3. returns over the sequence's positions: `G_t = ρ_t + γ·G_{t+1}` (with γ = 1 every valid
 ///    token gets `r_i − β·Σ_{s≥t} kl_s`; masked positions carry no reward but still count
 ///    for the discount, as in ROLL's padded layout);
@@ -421,6 +438,9 @@ pub fn reinforce_pp_advantages(
             }
             if Some(t) == last_valid {
                 rho += reward;
+            }
+            if let Some(c) = params.reward_clip {
+                rho = rho.clamp(-c, c);
             }
             g = rho + params.gamma * g;
             returns[t] = g;

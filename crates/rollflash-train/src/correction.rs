@@ -9,8 +9,12 @@
 //! - `token`: `exp(log_ratio_t)`;
 //! - `geometric`: `exp(mean over the sequence's valid tokens of log_ratio)`;
 //! - `sequence`: `exp(sum over the sequence's valid tokens of log_ratio)`;
+//! - `segment`: `exp(mean of log_ratio over the segment)`, where a *segment* is a maximal run
+//!   of consecutive valid tokens — in a multi-turn trajectory, one model turn, the turns being
+//!   separated by the environment's (masked) observation tokens. ROLL's
+//!   `compute_segment_masked_mean` (`roll/pipeline/agentic/utils.py`), the per-turn
+//!   correction; on a single-turn sequence it equals `geometric`.
 //!
-//! (ROLL's fourth level, `segment`, needs multi-turn segment boundaries and is not offered.)
 //! The **IS weight** is that ratio clamped to `[0, upper_bound]`, detached, multiplying the
 //! per-token policy loss. **Filters** drop tokens (from the mask) whose ratio — and/or whose
 //! probability difference `exp(old) − exp(behav)` aggregated the same way (mean for
@@ -34,6 +38,9 @@ pub enum CorrectionLevel {
     /// One value per sequence from the *sum* of log-ratios (the full sequence likelihood
     /// ratio; explodes with length, hence usually clamped hard).
     Sequence,
+    /// One value per segment (maximal run of valid tokens: a model turn of a multi-turn
+    /// trajectory) from the *mean* log-ratio over the segment.
+    Segment,
 }
 
 /// The detached importance weight (ROLL `train_infer_correction.is_weight`).
@@ -170,7 +177,42 @@ fn level_stats(
             }
             (ratio, d)
         }
+        CorrectionLevel::Segment => {
+            let mut ratio = vec![1.0; n];
+            let mut d = vec![0.0; n];
+            for seg in segments(mask, layout) {
+                let count = seg.len() as f64;
+                let lr = log_ratio[seg.clone()].iter().sum::<f64>() / count;
+                let df = diff[seg.clone()].iter().sum::<f64>() / count;
+                for t in seg {
+                    ratio[t] = lr.exp();
+                    d[t] = df;
+                }
+            }
+            (ratio, d)
+        }
     }
+}
+
+/// The segments (maximal runs of valid tokens) of every sequence, as token ranges in batch
+/// order: the model turns of multi-turn trajectories.
+pub fn segments(mask: &[f64], layout: &SeqLayout) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    for range in layout.ranges() {
+        let mut t = range.start;
+        while t < range.end {
+            if mask[t] > 0.0 {
+                let start = t;
+                while t < range.end && mask[t] > 0.0 {
+                    t += 1;
+                }
+                out.push(start..t);
+            } else {
+                t += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Applies `cfg` to a batch: `old_logp` and `behav_logp` per token, `mask` 0/1 per token.

@@ -3,8 +3,11 @@
 //!
 //! - [`advantage`]: GRPO, RLOO, REINFORCE++ (and -baseline) on plain `f64` data, with
 //!   sequence → token broadcast and batch whitening.
+//! - [`shaping`]: ROLL's reward normalisation (group / batch mean and std), reward and
+//!   advantage clipping, advantage whitening for every estimator, DAPO's soft overlong
+//!   punishment — around any estimator.
 //! - [`loss`]: [`policy_loss`] on packed candle tensors: vanilla PG, PPO (asymmetric and dual
-//!   clip), TIS, TOPR, CISPO, Kimi 1.5, GSPO and AReaL's decoupled PPO, with ROLL's
+//!   clip), TIS, TOPR, CISPO, Kimi 1.5, GSPO and AReaL's decoupled PPO (its behaviour-weight cap or rejection sampling), with ROLL's
 //!   train–inference correction ([`correction`]), a KL-to-reference term ([`kl`]) and an
 //!   entropy bonus, aggregated by any of ROLL / verl's modes ([`agg`]).
 //!
@@ -20,6 +23,7 @@ pub mod error;
 pub mod kl;
 pub mod layout;
 pub mod loss;
+pub mod shaping;
 
 pub use advantage::{compute_advantages, AdvantageBatch, AdvantageEstimator};
 pub use agg::LossAgg;
@@ -27,4 +31,8 @@ pub use correction::{CorrectionConfig, CorrectionFilter, CorrectionLevel, IsWeig
 pub use error::{Result, TrainError};
 pub use kl::KlEstimator;
 pub use layout::SeqLayout;
-pub use loss::{policy_loss, LossConfig, LossMetrics, LossOutput, PgVariant, PolicyLossInputs};
+pub use loss::{
+    policy_loss, LossConfig, LossMetrics, LossOutput, PgVariant, PolicyLossInputs, RejectionAction,
+    RejectionAgg, RejectionLevel, RejectionMetric, RejectionSampling,
+};
+pub use shaping::{compute_shaped_advantages, NormScope, OverlongConfig, ShapingConfig};

@@ -64,8 +64,211 @@ pub enum PgVariant {
     /// AReaL's decoupled PPO: PPO's clipped loss on `r = π_θ/π_old` (π_old = proximal
     /// policy), times the detached behaviour weight `w = π_old/π_behav`; tokens with
     /// `w > behav_imp_weight_cap` get weight 0 but stay in the denominator of the mean
-    /// (AReaL's `behav_mask`, before its `rejection_sampling` rewrite).
+    /// (AReaL's `behav_mask`, before its `rejection_sampling` rewrite). With
+    /// [`LossConfig::rejection_sampling`] set, AReaL's newer form replaces the cap (see
+    /// [`RejectionSampling`]).
     DecoupledPpo,
+}
+
+/// Granularity of [`RejectionSampling`] (AReaL `RejectionSamplingConfig.level`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionLevel {
+    /// Each token judged on its own.
+    #[default]
+    Token,
+    /// All tokens of a sequence share one verdict; with the `ratio` metric the behaviour
+    /// weight itself becomes the sequence's geometric mean `exp(mean_t log(π_old/π_behav))`.
+    Sequence,
+}
+
+/// What happens outside the bounds (AReaL `RejectionSamplingConfig.action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionAction {
+    /// Rejection: the token (or the whole sequence) gets weight 0; it stays in the
+    /// aggregation's denominator (AReaL keeps the original `loss_mask` count).
+    #[default]
+    Mask,
+    /// Truncation: the behaviour weight is clamped to `[lower (or 0), upper]` — every token
+    /// at token level, the tokens of out-of-bounds sequences at sequence level.
+    Clamp,
+}
+
+/// The divergence a [`RejectionSampling`] bound applies to, with `d = logπ_old − logπ_behav`
+/// (AReaL `metric`; its KL estimators are not clamped here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionMetric {
+    /// `exp(d)`, the behaviour importance weight.
+    #[default]
+    Ratio,
+    /// `d`.
+    KlK1,
+    /// `d²/2`.
+    KlK2,
+    /// `exp(−d) − 1 + d`.
+    KlK3,
+}
+
+/// How a sequence-level metric is aggregated (AReaL `agg`); for `ratio` in log space
+/// (`sum` = `exp(Σd)`, `mean` = `exp(mean d)`, `max` = the largest token ratio), for the KL
+/// metrics arithmetically.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionAgg {
+    /// Sum over the sequence's valid tokens.
+    Sum,
+    /// Mean over them.
+    #[default]
+    Mean,
+    /// Largest value (an all-masked sequence counts as in bounds).
+    Max,
+}
+
+/// AReaL's rejection-sampling form of decoupled PPO's behaviour weight
+/// (`areal/utils/functional/functional.py`: `apply_rejection_sampling`, used by
+/// `ppo_actor_loss_fn`; `areal/api/cli_args.py`: `RejectionSamplingConfig`, whose defaults
+/// these are): a token (or sequence) is in bounds when `lower ≤ metric ≤ upper` (no lower
+/// test without `lower`); out of bounds it is masked or its weight clamped.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RejectionSampling {
+    /// Token or sequence.
+    pub level: RejectionLevel,
+    /// Mask or clamp.
+    pub action: RejectionAction,
+    /// Which divergence is bounded.
+    pub metric: RejectionMetric,
+    /// Sequence-level aggregation.
+    pub agg: RejectionAgg,
+    /// Upper bound (AReaL default 5.0).
+    pub upper: f64,
+    /// Optional lower bound.
+    pub lower: Option<f64>,
+}
+
+impl Default for RejectionSampling {
+    fn default() -> Self {
+        RejectionSampling {
+            level: RejectionLevel::Token,
+            action: RejectionAction::Mask,
+            metric: RejectionMetric::Ratio,
+            agg: RejectionAgg::Mean,
+            upper: 5.0,
+            lower: None,
+        }
+    }
+}
+
+impl RejectionSampling {
+    /// The metric of one token with `d = logπ_old − logπ_behav`.
+    fn token_metric(&self, d: f64) -> f64 {
+        match self.metric {
+            RejectionMetric::Ratio => d.exp(),
+            RejectionMetric::KlK1 => d,
+            RejectionMetric::KlK2 => 0.5 * d * d,
+            RejectionMetric::KlK3 => (-d).exp() - 1.0 + d,
+        }
+    }
+
+    fn in_bounds(&self, m: f64) -> bool {
+        m <= self.upper && self.lower.is_none_or(|lo| m >= lo)
+    }
+
+    /// Per token: the behaviour weight (0 where rejected or masked) and whether the token
+    /// was rejected or clamped. `old`, `behav` and `mask` are per token, masked entries 0.
+    pub fn weights(
+        &self,
+        old: &[f64],
+        behav: &[f64],
+        mask: &[f64],
+        layout: &SeqLayout,
+    ) -> (Vec<f64>, Vec<bool>) {
+        let n = old.len();
+        // AReaL sanitises non-finite log-ratios to 0.
+        let d: Vec<f64> = (0..n)
+            .map(|t| {
+                let x = old[t] - behav[t];
+                if x.is_finite() && mask[t] > 0.0 {
+                    x
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let mut w: Vec<f64> = d.iter().map(|x| x.exp()).collect();
+        let mut keep = vec![true; n];
+        let mut clamp = vec![false; n];
+        let (lo, hi) = (self.lower.unwrap_or(0.0), self.upper);
+        match self.level {
+            RejectionLevel::Token => {
+                for t in 0..n {
+                    match self.action {
+                        RejectionAction::Mask => keep[t] = self.in_bounds(self.token_metric(d[t])),
+                        RejectionAction::Clamp => clamp[t] = true,
+                    }
+                }
+            }
+            RejectionLevel::Sequence => {
+                let log_agg = self.metric == RejectionMetric::Ratio;
+                for range in layout.ranges() {
+                    let valid: Vec<usize> = range.clone().filter(|&t| mask[t] > 0.0).collect();
+                    let vals: Vec<f64> = valid
+                        .iter()
+                        .map(|&t| {
+                            if log_agg {
+                                d[t]
+                            } else {
+                                self.token_metric(d[t])
+                            }
+                        })
+                        .collect();
+                    let count = vals.len().max(1) as f64;
+                    if log_agg {
+                        let g = (vals.iter().sum::<f64>() / count).exp();
+                        for t in range.clone() {
+                            w[t] = g;
+                        }
+                    }
+                    let agg = match self.agg {
+                        RejectionAgg::Sum => vals.iter().sum::<f64>(),
+                        RejectionAgg::Mean => vals.iter().sum::<f64>() / count,
+                        RejectionAgg::Max if vals.is_empty() => 0.0,
+                        RejectionAgg::Max => vals.iter().copied().fold(f64::MIN, f64::max),
+                    };
+                    let metric = if log_agg { agg.exp() } else { agg };
+                    if !self.in_bounds(metric) {
+                        for t in range {
+                            match self.action {
+                                RejectionAction::Mask => keep[t] = false,
+                                RejectionAction::Clamp => clamp[t] = true,
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let base = w.clone();
+        for t in 0..n {
+            if clamp[t] {
+                w[t] = w[t].clamp(lo, hi);
+            }
+        }
+        let mut flagged = vec![false; n];
+        for t in 0..n {
+            let valid = mask[t] > 0.0;
+            flagged[t] = valid
+                && match self.action {
+                    RejectionAction::Mask => !keep[t],
+                    RejectionAction::Clamp => w[t] != base[t],
+                };
+            if !(valid && keep[t]) {
+                w[t] = 0.0;
+            }
+        }
+        (w, flagged)
+    }
 }
 
 /// Everything the policy loss needs besides the data, with defaults in one place
@@ -114,6 +317,10 @@ pub struct LossConfig {
     /// Decoupled PPO: behaviour weights above this get weight 0 (AReaL's old default 5.0);
     /// `None` keeps every token.
     pub behav_imp_weight_cap: Option<f64>,
+    /// Decoupled PPO: AReaL's rejection sampling of the behaviour weight (mask or clamp, by
+    /// token or sequence); when set it **replaces** `behav_imp_weight_cap`, as in AReaL.
+    /// `None` (the default) keeps the cap.
+    pub rejection_sampling: Option<RejectionSampling>,
     /// Train–inference correction (weight and filters), applicable to every variant except
     /// `decoupled_ppo`, which already weights by the same ratio.
     pub correction: CorrectionConfig,
@@ -147,6 +354,7 @@ impl Default for LossConfig {
             cispo_unified_mask: false,
             kimi15_tau: 0.1,
             behav_imp_weight_cap: Some(5.0),
+            rejection_sampling: None,
             correction: CorrectionConfig::default(),
             kl_coef: 0.0,
             kl_estimator: KlEstimator::K3,
@@ -236,6 +444,29 @@ impl LossConfig {
         )?;
         if let Some(cap) = c.behav_imp_weight_cap {
             check(cap > 0.0, "behav_imp_weight_cap", cap, "must be > 0")?;
+        }
+        if let Some(rs) = &c.rejection_sampling {
+            if c.pg_variant != PgVariant::DecoupledPpo {
+                return Err(TrainError::config(
+                    "rejection_sampling",
+                    "applies to the behaviour weight of pg_variant = \"decoupled_ppo\" only",
+                ));
+            }
+            check(
+                rs.upper > 0.0,
+                "rejection_sampling.upper",
+                rs.upper,
+                "must be > 0",
+            )?;
+            if let Some(lo) = rs.lower {
+                let ok = lo < rs.upper && (rs.metric != RejectionMetric::Ratio || lo >= 0.0);
+                check(
+                    ok,
+                    "rejection_sampling.lower",
+                    lo,
+                    "must be below upper (and >= 0 for the ratio metric)",
+                )?;
+            }
         }
         if c.agg_norm_len == Some(0) {
             return Err(TrainError::config("agg_norm_len", "0 must be >= 1"));
@@ -332,13 +563,18 @@ pub struct LossMetrics {
     pub dual_clip_frac: f64,
     /// Mean k3 estimate of KL(π_θ‖π_old): `exp(old − logπ_θ) − (old − logπ_θ) − 1`.
     pub approx_kl: f64,
-    /// Mean of the importance ratio the variant uses (`r`, or GSPO's `s_i` per token).
-    pub ratio_mean: f64,
+    /// Mean over the valid **tokens** of the importance ratio the variant uses (`r`, or
+    /// GSPO's `s_i` per token): long sequences weigh more.
+    pub ratio_mean_token: f64,
+    /// Mean over the valid **sequences** of each sequence's mean ratio (ROLL's
+    /// `actor/ratio_mean`, a `seq-mean-token-mean`): every sequence weighs the same.
+    pub ratio_mean_seq: f64,
     /// Largest such ratio.
     pub ratio_max: f64,
     /// Smallest such ratio.
     pub ratio_min: f64,
-    /// Decoupled PPO: fraction of tokens whose behaviour weight exceeded the cap.
+    /// Decoupled PPO: fraction of tokens whose behaviour weight exceeded the cap, or that
+    /// rejection sampling masked or clamped.
     pub decoupled_cap_frac: f64,
     /// Mean train–inference correction weight (1 when no weight is configured).
     pub correction_weight_mean: f64,
@@ -657,19 +893,25 @@ fn pg_term(batch: &Batch<'_>, cfg: &LossConfig, seq_scores: Option<&[f64]>) -> R
                 cfg.clip_high,
                 cfg.dual_clip,
             )?;
-            let mut capped = vec![false; n];
-            let weight: Vec<f64> = (0..n)
-                .map(|t| {
-                    let w = (batch.old[t] - batch.behav[t]).exp();
-                    match cfg.behav_imp_weight_cap {
-                        Some(cap) if w > cap => {
-                            capped[t] = valid(t);
-                            0.0
-                        }
-                        _ => w * batch.mask[t],
-                    }
-                })
-                .collect();
+            let (weight, capped) = match &cfg.rejection_sampling {
+                Some(rs) => rs.weights(&batch.old, &batch.behav, &batch.mask, batch.layout),
+                None => {
+                    let mut capped = vec![false; n];
+                    let weight = (0..n)
+                        .map(|t| {
+                            let w = (batch.old[t] - batch.behav[t]).exp();
+                            match cfg.behav_imp_weight_cap {
+                                Some(cap) if w > cap => {
+                                    capped[t] = valid(t);
+                                    0.0
+                                }
+                                _ => w * batch.mask[t],
+                            }
+                        })
+                        .collect();
+                    (weight, capped)
+                }
+            };
             Ok(PgTerm {
                 loss_tok: loss_tok.mul(&batch.tensor(&weight)?)?,
                 ratio: ratio_val,
@@ -722,6 +964,11 @@ fn masked_mean(values: &[f64], mask: &[f64], default: f64) -> f64 {
     } else {
         default
     }
+}
+
+/// `Σ_t w_t·x_t` on the host.
+fn weighted_mean(values: &[f64], weights: &[f64]) -> f64 {
+    values.iter().zip(weights).map(|(v, w)| v * w).sum()
 }
 
 fn frac(flags: &[bool], n_valid: f64) -> f64 {
@@ -868,7 +1115,15 @@ pub fn policy_loss(inputs: &PolicyLossInputs<'_>, cfg: &LossConfig) -> Result<Lo
         clip_frac: frac(&term.clipped, n_valid),
         dual_clip_frac: frac(&term.dual_clipped, n_valid),
         approx_kl: masked_mean(&approx_kl, &batch.mask, 0.0),
-        ratio_mean: masked_mean(&term.ratio, &batch.mask, 1.0),
+        ratio_mean_token: masked_mean(&term.ratio, &batch.mask, 1.0),
+        ratio_mean_seq: if n_valid > 0.0 {
+            weighted_mean(
+                &term.ratio,
+                &LossAgg::SeqMeanTokenMean.weights(&batch.mask, &layout, None),
+            )
+        } else {
+            1.0
+        },
         ratio_max,
         ratio_min,
         decoupled_cap_frac: frac(&term.capped, n_valid),

@@ -8,6 +8,7 @@
 //! `kl_coef`). The penalty follows ROLL (`apply_kl_penalty`): per token, k1 of the
 //! behaviour log-probs (the policy that generated the sample) against the reference,
 //! `−β·(logπ_behav − logπ_ref)` added to each response token's reward before the returns.
+//! Reward and advantage shaping (`rollflash_train::shaping`) runs over the whole batch.
 
 use std::sync::Arc;
 
@@ -19,9 +20,10 @@ use rollflash_model::train::{
     token_stats, AdamW, GradAccumulator, OptimizerConfig, TrainableModel,
 };
 use rollflash_rollout::WeightUpdate;
-use rollflash_train::advantage::{compute_advantages, AdvantageBatch, AdvantageEstimator};
+use rollflash_train::advantage::{AdvantageBatch, AdvantageEstimator};
 use rollflash_train::kl::{kl_per_token, KlEstimator};
 use rollflash_train::loss::{policy_loss, LossConfig, LossMetrics, PolicyLossInputs};
+use rollflash_train::shaping::{compute_shaped_advantages, ShapingConfig, ShapingMetrics};
 use rollflash_train::LossAgg;
 
 use crate::controller::{Learner, LearnerError, StepStats};
@@ -32,6 +34,10 @@ pub struct LearnerConfig {
     pub optimizer: OptimizerConfig,
     pub loss: LossConfig,
     pub advantage: AdvantageEstimator,
+    /// Reward and advantage shaping around the estimator (normalisation, clipping,
+    /// whitening, overlong punishment); the default does nothing. The overlong limit must be
+    /// resolved (`max_len` set) by whoever builds this config.
+    pub shaping: ShapingConfig,
     /// The sampling temperature of the rollouts: log-probs are re-computed under it.
     pub temperature: f64,
     /// CPU threads of the trainer.
@@ -71,6 +77,10 @@ impl PolicyLearner {
     /// A learner training `model`.
     pub fn new(model: TrainableModel, cfg: LearnerConfig) -> Result<Self, LearnerError> {
         cfg.loss.validate().map_err(err)?;
+        cfg.shaping.validate().map_err(err)?;
+        if let Some(o) = &cfg.shaping.overlong {
+            o.lengths().map_err(err)?;
+        }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(cfg.threads.max(1))
             .thread_name(|i| format!("rollflash-trainer-{i}"))
@@ -169,10 +179,11 @@ impl PolicyLearner {
             }
             _ => None,
         };
-        // Advantages over the whole batch (group baselines, REINFORCE++'s batch statistics)
-        // before it is cut into micro-batches.
-        let adv = compute_advantages(
+        // Advantages over the whole batch (group baselines, REINFORCE++'s batch statistics,
+        // batch reward normalisation and whitening) before it is cut into micro-batches.
+        let shaped = compute_shaped_advantages(
             &self.cfg.advantage,
+            &self.cfg.shaping,
             &AdvantageBatch {
                 rewards: &rewards,
                 group_sizes: &group_sizes,
@@ -182,6 +193,9 @@ impl PolicyLearner {
             },
         )
         .map_err(err)?;
+        let shaping_metrics: Option<ShapingMetrics> =
+            self.cfg.shaping.is_active().then_some(shaped.metrics);
+        let adv = shaped.advantages;
         let n_mask = mask.iter().filter(|&&m| m).count().max(1);
         let reward_kl_mean = reward_kl
             .as_ref()
@@ -268,7 +282,10 @@ impl PolicyLearner {
             ("pg_loss".to_string(), stats.pg_loss),
             ("approx_kl".to_string(), stats.approx_kl),
             ("clip_frac".to_string(), stats.clip_frac),
-            ("ratio_mean".to_string(), stats.ratio_mean),
+            // Two means of the PPO ratio, named apart: over valid tokens, and over valid
+            // sequences of each one's token mean (ROLL's `actor/ratio_mean`).
+            ("ratio_mean_token".to_string(), stats.ratio_mean_token()),
+            ("ratio_mean_seq".to_string(), stats.ratio_mean_seq()),
             ("behav_kl".to_string(), behav_kl),
             ("behav_cap_frac".to_string(), stats.cap_frac),
             ("grad_norm".to_string(), opt_stats.grad_norm),
@@ -279,6 +296,18 @@ impl PolicyLearner {
         }
         if let Some(k) = stats.kl_loss {
             metrics.push(("kl_ref".to_string(), k));
+        }
+        if let Some(m) = shaping_metrics {
+            if self.cfg.shaping.reward_clip.is_some() {
+                metrics.push(("reward_clip_frac".to_string(), m.reward_clip_frac));
+            }
+            if self.cfg.shaping.advantage_clip.is_some() {
+                metrics.push(("advantage_clip_frac".to_string(), m.advantage_clip_frac));
+            }
+            if self.cfg.shaping.overlong.is_some() {
+                metrics.push(("overlong_frac".to_string(), m.overlong_frac));
+                metrics.push(("overlong_penalty".to_string(), m.overlong_penalty_mean));
+            }
         }
         if let Some(k) = reward_kl_mean {
             // Mean k1 per response token, before β: what the reward penalty subtracted.
@@ -304,7 +333,12 @@ struct StatsSum {
     total_loss: f64,
     approx_kl: f64,
     clip_frac: f64,
-    ratio_mean: f64,
+    /// Σ ratio_mean_token × valid tokens, and the tokens.
+    ratio_tok_sum: f64,
+    n_tok: f64,
+    /// Σ ratio_mean_seq × valid sequences, and the sequences.
+    ratio_seq_sum: f64,
+    n_seq: f64,
     cap_frac: f64,
     entropy: Option<f64>,
     kl_loss: Option<f64>,
@@ -316,13 +350,35 @@ impl StatsSum {
         self.total_loss += w * m.total_loss;
         self.approx_kl += w * m.approx_kl;
         self.clip_frac += w * m.clip_frac;
-        self.ratio_mean += w * m.ratio_mean;
+        // The ratio means are combined exactly (by counts), whatever the loss weights.
+        self.ratio_tok_sum += m.ratio_mean_token * m.n_valid_tokens as f64;
+        self.n_tok += m.n_valid_tokens as f64;
+        self.ratio_seq_sum += m.ratio_mean_seq * m.n_valid_seqs as f64;
+        self.n_seq += m.n_valid_seqs as f64;
         self.cap_frac += w * m.decoupled_cap_frac;
         if let Some(e) = m.entropy {
             *self.entropy.get_or_insert(0.0) += w * e;
         }
         if let Some(k) = m.kl_loss {
             *self.kl_loss.get_or_insert(0.0) += w * k;
+        }
+    }
+}
+
+impl StatsSum {
+    fn ratio_mean_token(&self) -> f64 {
+        if self.n_tok > 0.0 {
+            self.ratio_tok_sum / self.n_tok
+        } else {
+            1.0
+        }
+    }
+
+    fn ratio_mean_seq(&self) -> f64 {
+        if self.n_seq > 0.0 {
+            self.ratio_seq_sum / self.n_seq
+        } else {
+            1.0
         }
     }
 }

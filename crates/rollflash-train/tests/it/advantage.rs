@@ -149,6 +149,7 @@ fn reinforce_pp_without_kl_or_whitening_broadcasts_the_reward() {
         baseline: false,
         whiten: false,
         eps: 1e-8,
+        reward_clip: None,
     };
     let a = reinforce_pp_advantages(&batch, &params).unwrap();
     assert_eq!(a, vec![2.0, 2.0, 0.0, -1.0]);

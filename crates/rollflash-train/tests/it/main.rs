@@ -11,3 +11,4 @@ mod layout;
 mod random;
 mod reference;
 mod sanity;
+mod shaping;

@@ -180,6 +180,9 @@ fn reference_variants_are_not_trivially_equal() {
         ("topr/token_mean", "topr_scores/token_mean"),
         ("ppo/token_mean", "ppo/seq_mean_token_mean"),
         ("ppo/seq_mean_token_sum", "ppo/seq_mean_token_sum_norm"),
+        ("ppo_corr_segment", "ppo_corr_token"),
+        ("decoupled_rs_token_mask", "decoupled_rs_token_clamp"),
+        ("decoupled_rs_seq_mask", "decoupled_rs_token_mask"),
     ];
     for (a, b) in pairs {
         let (a, b) = (get(a), get(b));
@@ -224,6 +227,23 @@ fn reference_cases_exercise_what_they_test() {
         assert!(
             metrics(name).correction_filtered_frac > 0.0,
             "{name} filters nothing"
+        );
+    }
+    assert!((metrics("ppo_corr_segment").correction_weight_mean - 1.0).abs() > 1e-3);
+    assert!(metrics("ppo_corr_segment_filter").correction_filtered_frac > 0.0);
+    for name in [
+        "decoupled_rs_token_mask",
+        "decoupled_rs_token_clamp",
+        "decoupled_rs_seq_mask",
+        "decoupled_rs_seq_clamp_sum",
+        "decoupled_rs_seq_k3_max",
+        "decoupled_rs_token_k1",
+    ] {
+        let m = metrics(name);
+        assert!(
+            m.decoupled_cap_frac > 0.0 && m.decoupled_cap_frac < 1.0,
+            "{name} rejects or clamps {} of the tokens",
+            m.decoupled_cap_frac
         );
     }
     let all = metrics("vanilla/token_mean");

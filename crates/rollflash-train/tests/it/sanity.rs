@@ -40,7 +40,7 @@ fn ppo_at_ratio_one_is_minus_mean_advantage() {
     assert_all_close(&out.grad, &want, TOL, 0.0, "grad");
     let m = out.metrics;
     assert_eq!(
-        (m.clip_frac, m.ratio_mean, m.ratio_max, m.ratio_min),
+        (m.clip_frac, m.ratio_mean_token, m.ratio_max, m.ratio_min),
         (0.0, 1.0, 1.0, 1.0)
     );
     assert_close(m.approx_kl, 0.0, TOL, 0.0, "approx_kl");
@@ -329,7 +329,7 @@ fn masked_tokens_get_zero_gradient_even_with_garbage() {
             let m = out.metrics;
             for v in [
                 m.approx_kl,
-                m.ratio_mean,
+                m.ratio_mean_token,
                 m.ratio_max,
                 m.ratio_min,
                 m.clip_frac,
@@ -350,7 +350,7 @@ fn a_fully_masked_batch_gives_zero_loss_and_gradient() {
         assert_eq!(out.loss, 0.0);
         assert!(out.grad.iter().all(|&g| g == 0.0));
         assert_eq!(out.metrics.n_valid_tokens, 0);
-        assert_eq!(out.metrics.ratio_mean, 1.0);
+        assert_eq!(out.metrics.ratio_mean_token, 1.0);
     }
 }
 
@@ -576,4 +576,95 @@ fn input_errors_name_the_input() {
         policy_loss(&inputs, &cfg),
         Err(TrainError::EmptyBatch)
     ));
+}
+
+#[test]
+fn segment_correction_is_per_turn_and_geometric_on_one_turn() {
+    use rollflash_train::correction::{CorrectionConfig, CorrectionLevel, IsWeightConfig};
+    let weight_at = |level, mask: Vec<f64>| {
+        let mut d = Data::simple(&[6], &[1.0; 6]);
+        d.mask = mask;
+        // Turn 1 (tokens 0-1) drifted by +0.2 per token, turn 2 (tokens 4-5) by −0.1.
+        d.behav_logp = vec![-1.2, -1.2, -1.0, -1.0, -0.9, -0.9];
+        let cfg = cfg_with(|c| {
+            c.pg_variant = PgVariant::Vanilla;
+            c.correction = CorrectionConfig {
+                is_weight: Some(IsWeightConfig {
+                    level,
+                    upper_bound: None,
+                }),
+                filters: vec![],
+            };
+        });
+        run64(&d, &cfg).metrics.correction_weight_mean
+    };
+    let two_turns = vec![1.0, 1.0, 0.0, 0.0, 1.0, 1.0];
+    let seg = weight_at(CorrectionLevel::Segment, two_turns.clone());
+    // Each turn its own geometric mean: (e^0.2 + e^0.2 + e^−0.1 + e^−0.1) / 4.
+    let want = (2.0 * 0.2f64.exp() + 2.0 * (-0.1f64).exp()) / 4.0;
+    assert!((seg - want).abs() < 1e-12, "{seg} vs {want}");
+    let geo = weight_at(CorrectionLevel::Geometric, two_turns);
+    assert!((geo - 0.05f64.exp()).abs() < 1e-12);
+    // One turn: segment = geometric.
+    let one_turn = vec![1.0, 1.0, 0.0, 0.0, 0.0, 0.0];
+    assert_eq!(
+        weight_at(CorrectionLevel::Segment, one_turn.clone()),
+        weight_at(CorrectionLevel::Geometric, one_turn)
+    );
+}
+
+#[test]
+fn rejection_sampling_on_all_masked_sequences_and_the_cap_it_replaces() {
+    use rollflash_train::{RejectionAgg, RejectionLevel, RejectionSampling};
+    let mut d = Data::simple(&[2, 2], &[1.0, 1.0, -1.0, -1.0]);
+    d.mask = vec![0.0, 0.0, 1.0, 1.0];
+    d.behav_logp = vec![-9.0, f64::NEG_INFINITY, -1.5, -1.0];
+    for level in [RejectionLevel::Token, RejectionLevel::Sequence] {
+        for agg in [RejectionAgg::Sum, RejectionAgg::Mean, RejectionAgg::Max] {
+            let cfg = cfg_with(|c| {
+                c.pg_variant = PgVariant::DecoupledPpo;
+                c.rejection_sampling = Some(RejectionSampling {
+                    level,
+                    agg,
+                    upper: 1.5,
+                    ..Default::default()
+                });
+            });
+            let out = run64(&d, &cfg);
+            assert!(out.loss.is_finite() && out.grad.iter().all(|g| g.is_finite()));
+            assert_eq!(&out.grad[..2], &[0.0, 0.0], "{level:?} {agg:?}");
+        }
+    }
+    // Token level: token 2 has weight e^0.5 ≈ 1.65 > 1.5 and is rejected; the cap alone
+    // (5.0) would keep it.
+    let cfg = cfg_with(|c| {
+        c.pg_variant = PgVariant::DecoupledPpo;
+        c.rejection_sampling = Some(RejectionSampling {
+            upper: 1.5,
+            ..Default::default()
+        });
+    });
+    let m = run64(&d, &cfg).metrics;
+    assert_eq!(m.decoupled_cap_frac, 0.5);
+    let capped = run64(&d, &cfg_with(|c| c.pg_variant = PgVariant::DecoupledPpo)).metrics;
+    assert_eq!(capped.decoupled_cap_frac, 0.0);
+    // Outside decoupled PPO it is refused, naming the field.
+    let e = cfg_with(|c| {
+        c.pg_variant = PgVariant::Ppo;
+        c.rejection_sampling = Some(RejectionSampling::default());
+    })
+    .validate()
+    .unwrap_err();
+    assert!(e.to_string().contains("rejection_sampling"), "{e}");
+}
+
+#[test]
+fn ratio_means_per_token_and_per_sequence_differ_as_named() {
+    // Sequence 0: 3 tokens at ratio e^0.1; sequence 1: 1 token at ratio e^−0.3.
+    let mut d = Data::simple(&[3, 1], &[1.0; 4]);
+    d.logp = vec![-0.9, -0.9, -0.9, -1.3];
+    let m = run64(&d, &cfg_with(|c| c.pg_variant = PgVariant::Ppo)).metrics;
+    let (a, b) = (0.1f64.exp(), (-0.3f64).exp());
+    assert!((m.ratio_mean_token - (3.0 * a + b) / 4.0).abs() < 1e-12);
+    assert!((m.ratio_mean_seq - (a + b) / 2.0).abs() < 1e-12);
 }
