@@ -1,4 +1,5 @@
-//! Fused CPU kernels with hand-written backward passes: RMSNorm, rotary embedding, SwiGLU.
+//! Fused CPU kernels with hand-written backward passes: RMSNorm, rotary embedding, SwiGLU and
+//! the training softmax.
 //!
 //! Each is one pass over memory forward and one backward, where the composed candle ops are
 //! 3–8 passes each way (plus their intermediate tensors). The same forward kernel serves
@@ -13,7 +14,7 @@
 
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 /// Rows per parallel block: large enough to amortise the task, fixed so sums are reproducible.
@@ -37,6 +38,7 @@ pub(crate) trait Real:
     fn sqrt(self) -> Self;
     fn exp(self) -> Self;
     fn of_f32(x: f32) -> Self;
+    fn larger(self, other: Self) -> Self;
     fn of_usize(x: usize) -> Self;
     fn unit() -> Self;
 }
@@ -50,6 +52,9 @@ impl Real for f32 {
     }
     fn of_f32(x: f32) -> Self {
         x
+    }
+    fn larger(self, other: Self) -> Self {
+        f32::max(self, other)
     }
     fn of_usize(x: usize) -> Self {
         x as f32
@@ -68,6 +73,9 @@ impl Real for f64 {
     }
     fn of_f32(x: f32) -> Self {
         x as f64
+    }
+    fn larger(self, other: Self) -> Self {
+        f64::max(self, other)
     }
     fn of_usize(x: usize) -> Self {
         x as f64
@@ -523,5 +531,122 @@ impl CustomOp3 for SwiGluBwd {
             _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
         };
         Ok((out, (2 * n).into()))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax
+
+/// Softmax over the last dimension for training, in candle's kernel's arithmetic (max, `exp` of
+/// the shifted row, the sum in `T` left to right, divide), so it equals the inference softmax.
+/// Backward: `y ⊙ (g − Σ g ⊙ y)`, one pass ([`SoftmaxBwd`]).
+pub(crate) struct SoftmaxLastDim;
+
+impl SoftmaxLastDim {
+    fn fwd<T: Real>(x: &[T], v: usize) -> Vec<T> {
+        let mut out = vec![T::zero(); x.len()];
+        for_blocks(x, &mut out, v, |xs, ys| {
+            for (row, y) in xs.chunks(v).zip(ys.chunks_mut(v)) {
+                let mut max = row[0];
+                for &e in &row[1..] {
+                    max = max.larger(e);
+                }
+                for (y, &e) in y.iter_mut().zip(row) {
+                    *y = (e - max).exp();
+                }
+                let sum: T = y.iter().copied().sum();
+                for y in y.iter_mut() {
+                    *y = *y / sum;
+                }
+            }
+        });
+        out
+    }
+}
+
+impl CustomOp1 for SoftmaxLastDim {
+    fn name(&self) -> &'static str {
+        "rollflash-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let v = last_dim(l);
+        let out = match s {
+            CpuStorage::F32(x) => CpuStorage::F32(Self::fwd(contiguous(x, l, "softmax")?, v)),
+            CpuStorage::F64(x) => CpuStorage::F64(Self::fwd(contiguous(x, l, "softmax")?, v)),
+            _ => candle_core::bail!("softmax: only f32 and f64 are supported"),
+        };
+        Ok((out, l.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(
+            res.contiguous()?
+                .apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxBwd)?,
+        ))
+    }
+}
+
+/// `(y, g) → y ⊙ (g − Σ g ⊙ y)` per row of the last dimension (the dot in f64).
+struct SoftmaxBwd;
+
+impl SoftmaxBwd {
+    fn run<T: Real>(y: &[T], g: &[T], v: usize) -> Vec<T> {
+        let mut out = vec![T::zero(); y.len()];
+        let step = BLOCK_ROWS * v.max(1);
+        let work = |(bi, o): (usize, &mut [T])| {
+            let base = bi * step;
+            for (r, orow) in o.chunks_mut(v).enumerate() {
+                let yr = &y[base + r * v..base + (r + 1) * v];
+                let gr = &g[base + r * v..base + (r + 1) * v];
+                let dot: f64 = yr.iter().zip(gr).map(|(&a, &b)| a.to_f64() * b.to_f64()).sum();
+                let dot = T::from_f64(dot);
+                for ((o, &a), &b) in orow.iter_mut().zip(yr).zip(gr) {
+                    *o = a * (b - dot);
+                }
+            }
+        };
+        if y.len() < PAR_MIN {
+            out.chunks_mut(step).enumerate().for_each(work);
+        } else {
+            out.par_chunks_mut(step).enumerate().for_each(work);
+        }
+        out
+    }
+}
+
+impl CustomOp2 for SoftmaxBwd {
+    fn name(&self) -> &'static str {
+        "rollflash-softmax-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let v = last_dim(l1);
+        let what = "softmax backward";
+        let out = match (s1, s2) {
+            (CpuStorage::F32(y), CpuStorage::F32(g)) => CpuStorage::F32(Self::run(
+                contiguous(y, l1, what)?,
+                contiguous(g, l2, what)?,
+                v,
+            )),
+            (CpuStorage::F64(y), CpuStorage::F64(g)) => CpuStorage::F64(Self::run(
+                contiguous(y, l1, what)?,
+                contiguous(g, l2, what)?,
+                v,
+            )),
+            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
+        };
+        Ok((out, l1.shape().clone()))
     }
 }

@@ -43,14 +43,15 @@ pub(crate) fn rms_norm_composed(x: &Tensor, w: &Tensor, eps: f64, fused: bool) -
 }
 
 /// Softmax over the last dimension. Inference uses candle's kernel; training on the CPU uses
-/// [`SoftmaxLastDim`], one pass forward and `y ⊙ (g − Σ g⊙y)` backward, instead of five ops
-/// and their backward passes over the attention scores.
+/// [`crate::fused::SoftmaxLastDim`] (the same arithmetic), one pass forward and one,
+/// `y ⊙ (g − Σ g⊙y)`, backward, instead of five ops and their backward passes over the
+/// attention scores.
 pub(crate) fn softmax_last_dim(x: &Tensor, fused: bool) -> Result<Tensor> {
     if fused && x.dtype() == DType::F32 {
         return Ok(candle_nn::ops::softmax_last_dim(&x.contiguous()?)?);
     }
     if x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64) {
-        return Ok(x.contiguous()?.apply_op1(SoftmaxLastDim)?);
+        return Ok(x.contiguous()?.apply_op1(crate::fused::SoftmaxLastDim)?);
     }
     softmax_last_dim_composed(x)
 }
@@ -287,66 +288,6 @@ impl candle_core::CustomOp1 for LogProbEntropy {
             other => candle_core::bail!("logprob_entropy: unsupported dtype {other:?}"),
         };
         Ok(Some(g))
-    }
-}
-
-/// Differentiable softmax over the last dimension (see [`softmax_last_dim`]).
-struct SoftmaxLastDim;
-
-impl SoftmaxLastDim {
-    fn fwd<T: candle_core::WithDType>(data: &[T], v: usize) -> Vec<T> {
-        let mut out = Vec::with_capacity(data.len());
-        for row in data.chunks(v) {
-            let max = row
-                .iter()
-                .map(|x| x.to_f64())
-                .fold(f64::NEG_INFINITY, f64::max);
-            let start = out.len();
-            let mut sum = 0.0;
-            for &x in row {
-                let e = (x.to_f64() - max).exp();
-                sum += e;
-                out.push(T::from_f64(e));
-            }
-            for y in &mut out[start..] {
-                *y = T::from_f64(y.to_f64() / sum);
-            }
-        }
-        out
-    }
-}
-
-impl candle_core::CustomOp1 for SoftmaxLastDim {
-    fn name(&self) -> &'static str {
-        "softmax-last-dim"
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &candle_core::CpuStorage,
-        layout: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::CpuStorage;
-        let v = *layout.shape().dims().last().unwrap_or(&1);
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("softmax: input must be contiguous");
-        };
-        let out = match storage {
-            CpuStorage::F32(d) => CpuStorage::F32(Self::fwd(&d[start..end], v)),
-            CpuStorage::F64(d) => CpuStorage::F64(Self::fwd(&d[start..end], v)),
-            _ => candle_core::bail!("softmax: only f32 and f64 are supported"),
-        };
-        Ok((out, layout.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        _arg: &Tensor,
-        res: &Tensor,
-        grad_res: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
-        let dot = (grad_res * res)?.sum_keepdim(D::Minus1)?;
-        Ok(Some((grad_res.broadcast_sub(&dot)? * res)?))
     }
 }
 
