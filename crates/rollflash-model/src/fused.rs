@@ -469,6 +469,9 @@ impl CustomOp2 for SwiGlu {
     }
 }
 
+/// One element of [`SwiGluBwd`]: the two gradient slots, then `((gate, up), g)`.
+type SwiGluBwdItem<'a, T> = ((&'a mut T, &'a mut T), ((&'a T, &'a T), &'a T));
+
 /// The backward of [`SwiGlu`]: `(gate, up, g) → [2n]`, the gate gradient then the up gradient.
 struct SwiGluBwd;
 
@@ -477,7 +480,7 @@ impl SwiGluBwd {
         let n = gate.len();
         let mut out = vec![T::zero(); 2 * n];
         let (dg, du) = out.split_at_mut(n);
-        let work = |((dg, du), ((&x, &u), &gr)): ((&mut T, &mut T), ((&T, &T), &T))| {
+        let work = |((dg, du), ((&x, &u), &gr)): SwiGluBwdItem<'_, T>| {
             let s = T::unit() / (T::unit() + (-x).exp());
             *du = gr * x * s;
             *dg = gr * u * s * (T::unit() + x * (T::unit() - s));
@@ -556,7 +559,7 @@ impl SoftmaxLastDim {
                 }
                 let sum: T = y.iter().copied().sum();
                 for y in y.iter_mut() {
-                    *y = *y / sum;
+                    *y /= sum;
                 }
             }
         });
@@ -579,12 +582,7 @@ impl CustomOp1 for SoftmaxLastDim {
         Ok((out, l.shape().clone()))
     }
 
-    fn bwd(
-        &self,
-        _x: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
+    fn bwd(&self, _x: &Tensor, res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(
             res.contiguous()?
                 .apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxBwd)?,
@@ -604,7 +602,11 @@ impl SoftmaxBwd {
             for (r, orow) in o.chunks_mut(v).enumerate() {
                 let yr = &y[base + r * v..base + (r + 1) * v];
                 let gr = &g[base + r * v..base + (r + 1) * v];
-                let dot: f64 = yr.iter().zip(gr).map(|(&a, &b)| a.to_f64() * b.to_f64()).sum();
+                let dot: f64 = yr
+                    .iter()
+                    .zip(gr)
+                    .map(|(&a, &b)| a.to_f64() * b.to_f64())
+                    .sum();
                 let dot = T::from_f64(dot);
                 for ((o, &a), &b) in orow.iter_mut().zip(yr).zip(gr) {
                     *o = a * (b - dot);

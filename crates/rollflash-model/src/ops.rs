@@ -26,6 +26,21 @@ pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, fused: bool) -> Result<
     rms_norm_composed(x, w, eps, fused)
 }
 
+/// Whether candle-nn's fused inference kernels take this tensor: f32 anywhere; on CUDA also
+/// bf16 and f16 (its CUDA kernels accumulate in f32).
+fn candle_kernel_takes(x: &Tensor) -> bool {
+    x.dtype() == DType::F32
+        || (x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F16))
+}
+
+/// `x` in f32 when it is a half-precision tensor (for sums that must not round at 8 bits).
+fn widened(x: &Tensor) -> Result<Tensor> {
+    Ok(match x.dtype() {
+        DType::BF16 | DType::F16 => x.to_dtype(DType::F32)?,
+        _ => x.clone(),
+    })
+}
+
 /// Whether the fused CPU kernels of [`crate::fused`] take this tensor.
 fn on_cpu_kernels(x: &Tensor) -> bool {
     x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64)
@@ -34,7 +49,7 @@ fn on_cpu_kernels(x: &Tensor) -> bool {
 /// RMSNorm from candle's ops: its fused kernel (no backward) or differentiable ops (any
 /// device; the reference in tests).
 pub(crate) fn rms_norm_composed(x: &Tensor, w: &Tensor, eps: f64, fused: bool) -> Result<Tensor> {
-    if fused && x.dtype() == DType::F32 {
+    if fused && candle_kernel_takes(x) {
         return Ok(candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)?);
     }
     let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
@@ -47,13 +62,14 @@ pub(crate) fn rms_norm_composed(x: &Tensor, w: &Tensor, eps: f64, fused: bool) -
 /// `y ⊙ (g − Σ g⊙y)`, backward, instead of five ops and their backward passes over the
 /// attention scores.
 pub(crate) fn softmax_last_dim(x: &Tensor, fused: bool) -> Result<Tensor> {
-    if fused && x.dtype() == DType::F32 {
+    if fused && candle_kernel_takes(x) {
         return Ok(candle_nn::ops::softmax_last_dim(&x.contiguous()?)?);
     }
     if x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64) {
         return Ok(x.contiguous()?.apply_op1(crate::fused::SoftmaxLastDim)?);
     }
-    softmax_last_dim_composed(x)
+    // Half precision: the exponentials and their sum in f32, the result cast back.
+    Ok(softmax_last_dim_composed(&widened(x)?)?.to_dtype(x.dtype())?)
 }
 
 /// Softmax from differentiable candle ops (any device; the reference in tests).
@@ -93,14 +109,9 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, fused: bool) -> Resul
 }
 
 /// Rotary embedding from candle's ops (any device; the reference in tests).
-pub(crate) fn rope_composed(
-    x: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-    fused: bool,
-) -> Result<Tensor> {
+pub(crate) fn rope_composed(x: &Tensor, cos: &Tensor, sin: &Tensor, fused: bool) -> Result<Tensor> {
     let (n, heads, hd) = x.dims3()?;
-    if fused && x.dtype() == DType::F32 {
+    if fused && candle_kernel_takes(x) {
         // candle's kernel wants [b, h, t, d] with per-batch tables [b, t, d/2]: use b = n, t = 1.
         let x4 = x.reshape((n, heads, 1, hd))?;
         let c = cos.reshape((n, 1, hd / 2))?;
@@ -148,7 +159,9 @@ pub(crate) fn logprob_entropy(
 ) -> Result<Tensor> {
     let logits = logits.contiguous()?;
     if !logits.device().is_cpu() {
-        return logprob_entropy_composed(&logits, &targets, temperature);
+        // Other devices: the composed ops, in f32 for half-precision logits (log-probs, entropy
+        // and the loss built on them are f32; the gradient is cast back by `to_dtype`).
+        return logprob_entropy_composed(&widened(&logits)?, &targets, temperature);
     }
     Ok(logits.apply_op1(LogProbEntropy {
         targets,
@@ -389,7 +402,10 @@ mod tests {
             let d = *shape.last().unwrap();
             let n: usize = shape.iter().product();
             check_many(
-                &[(data(n, 1), shape.clone(), true), (data(d, 5), vec![d], true)],
+                &[
+                    (data(n, 1), shape.clone(), true),
+                    (data(d, 5), vec![d], true),
+                ],
                 1e-12,
                 |t| rms_norm(&t[0], &t[1], 1e-6, false).unwrap(),
                 |t| rms_norm_composed(&t[0], &t[1], 1e-6, false).unwrap(),
@@ -424,7 +440,10 @@ mod tests {
         for shape in [vec![3, 5], vec![100, 512]] {
             let n: usize = shape.iter().product();
             check_many(
-                &[(data(n, 2), shape.clone(), true), (data(n, 9), shape.clone(), true)],
+                &[
+                    (data(n, 2), shape.clone(), true),
+                    (data(n, 9), shape.clone(), true),
+                ],
                 1e-12,
                 |t| swiglu(&t[0], &t[1]).unwrap(),
                 |t| swiglu_composed(&t[0], &t[1]).unwrap(),
@@ -452,8 +471,18 @@ mod tests {
             rms_norm_composed(&x, &w, 1e-6, true).unwrap(),
         );
         let ang: Vec<f32> = (0..40 * 4).map(|i| i as f32 * 0.3).collect();
-        let cos = Tensor::from_vec(ang.iter().map(|a| a.cos()).collect::<Vec<_>>(), (40, 4), &Device::Cpu).unwrap();
-        let sin = Tensor::from_vec(ang.iter().map(|a| a.sin()).collect::<Vec<_>>(), (40, 4), &Device::Cpu).unwrap();
+        let cos = Tensor::from_vec(
+            ang.iter().map(|a| a.cos()).collect::<Vec<_>>(),
+            (40, 4),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let sin = Tensor::from_vec(
+            ang.iter().map(|a| a.sin()).collect::<Vec<_>>(),
+            (40, 4),
+            &Device::Cpu,
+        )
+        .unwrap();
         same(
             rope(&x, &cos, &sin, true).unwrap(),
             rope_composed(&x, &cos, &sin, true).unwrap(),
