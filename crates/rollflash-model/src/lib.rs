@@ -48,6 +48,7 @@ pub mod chat;
 pub mod config;
 pub mod engine;
 mod error;
+mod fused;
 pub mod gguf;
 pub mod hf;
 pub mod model;

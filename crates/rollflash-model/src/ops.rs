@@ -4,14 +4,52 @@
 //! candle-nn's `ops::rms_norm`, `ops::softmax_last_dim` and `rotary_emb::rope` are fast but are
 //! invisible to autograd, so a training forward built on them silently stops gradients. Every
 //! function here takes `fused`: callers pass `true` only when no gradient is wanted.
+//!
+//! On the CPU in f32/f64, RMSNorm, rotary and SwiGLU run [`crate::fused`]'s kernels (with their
+//! own backward passes) for inference and training alike; on other devices and dtypes (CUDA,
+//! bf16) they fall back to candle's kernels for inference and the composed ops for training,
+//! which candle runs on every device. The softmax and the log-prob/entropy op do the same.
 
 use candle_core::{DType, Tensor, D};
 
 use crate::Result;
 
 /// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * w`.
+/// On the CPU (f32, f64) both inference and training use [`crate::fused::RmsNorm`], one kernel
+/// with a hand-written backward pass.
 pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, fused: bool) -> Result<Tensor> {
-    if fused && x.dtype() == DType::F32 {
+    if on_cpu_kernels(x) {
+        return Ok(x
+            .contiguous()?
+            .apply_op2(&w.contiguous()?, crate::fused::RmsNorm { eps: eps as f32 })?);
+    }
+    rms_norm_composed(x, w, eps, fused)
+}
+
+/// Whether candle-nn's fused inference kernels take this tensor: f32 anywhere; on CUDA also
+/// bf16 and f16 (its CUDA kernels accumulate in f32).
+fn candle_kernel_takes(x: &Tensor) -> bool {
+    x.dtype() == DType::F32
+        || (x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F16))
+}
+
+/// `x` in f32 when it is a half-precision tensor (for sums that must not round at 8 bits).
+fn widened(x: &Tensor) -> Result<Tensor> {
+    Ok(match x.dtype() {
+        DType::BF16 | DType::F16 => x.to_dtype(DType::F32)?,
+        _ => x.clone(),
+    })
+}
+
+/// Whether the fused CPU kernels of [`crate::fused`] take this tensor.
+fn on_cpu_kernels(x: &Tensor) -> bool {
+    x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64)
+}
+
+/// RMSNorm from candle's ops: its fused kernel (no backward) or differentiable ops (any
+/// device; the reference in tests).
+pub(crate) fn rms_norm_composed(x: &Tensor, w: &Tensor, eps: f64, fused: bool) -> Result<Tensor> {
+    if fused && candle_kernel_takes(x) {
         return Ok(candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)?);
     }
     let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
@@ -20,16 +58,18 @@ pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, fused: bool) -> Result<
 }
 
 /// Softmax over the last dimension. Inference uses candle's kernel; training on the CPU uses
-/// [`SoftmaxLastDim`], one pass forward and `y ⊙ (g − Σ g⊙y)` backward, instead of five ops
-/// and their backward passes over the attention scores.
+/// [`crate::fused::SoftmaxLastDim`] (the same arithmetic), one pass forward and one,
+/// `y ⊙ (g − Σ g⊙y)`, backward, instead of five ops and their backward passes over the
+/// attention scores.
 pub(crate) fn softmax_last_dim(x: &Tensor, fused: bool) -> Result<Tensor> {
-    if fused && x.dtype() == DType::F32 {
+    if fused && candle_kernel_takes(x) {
         return Ok(candle_nn::ops::softmax_last_dim(&x.contiguous()?)?);
     }
     if x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64) {
-        return Ok(x.contiguous()?.apply_op1(SoftmaxLastDim)?);
+        return Ok(x.contiguous()?.apply_op1(crate::fused::SoftmaxLastDim)?);
     }
-    softmax_last_dim_composed(x)
+    // Half precision: the exponentials and their sum in f32, the result cast back.
+    Ok(softmax_last_dim_composed(&widened(x)?)?.to_dtype(x.dtype())?)
 }
 
 /// Softmax from differentiable candle ops (any device; the reference in tests).
@@ -55,9 +95,23 @@ pub(crate) fn log_softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 /// `x` is `[n, heads, head_dim]` (one row per token of a packed batch), `cos`/`sin` are
 /// `[n, head_dim / 2]` for each row's own position, so tokens of different sequences at
 /// different positions are rotated in one call.
+///
+/// On the CPU (f32, f64) both inference and training use [`crate::fused::Rope`].
 pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, fused: bool) -> Result<Tensor> {
+    if on_cpu_kernels(x) {
+        return Ok(x.contiguous()?.apply_op3(
+            &cos.contiguous()?,
+            &sin.contiguous()?,
+            crate::fused::Rope,
+        )?);
+    }
+    rope_composed(x, cos, sin, fused)
+}
+
+/// Rotary embedding from candle's ops (any device; the reference in tests).
+pub(crate) fn rope_composed(x: &Tensor, cos: &Tensor, sin: &Tensor, fused: bool) -> Result<Tensor> {
     let (n, heads, hd) = x.dims3()?;
-    if fused && x.dtype() == DType::F32 {
+    if fused && candle_kernel_takes(x) {
         // candle's kernel wants [b, h, t, d] with per-batch tables [b, t, d/2]: use b = n, t = 1.
         let x4 = x.reshape((n, heads, 1, hd))?;
         let c = cos.reshape((n, 1, hd / 2))?;
@@ -74,8 +128,19 @@ pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, fused: bool) -> Resul
     Ok((x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?)
 }
 
-/// SwiGLU's activation: `silu(gate) * up` (candle's `silu` has a backward pass).
+/// SwiGLU's activation: `silu(gate) * up`; on the CPU (f32, f64) one kernel,
+/// [`crate::fused::SwiGlu`], elsewhere candle's `silu` and a multiply.
 pub(crate) fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if on_cpu_kernels(gate) {
+        return Ok(gate
+            .contiguous()?
+            .apply_op2(&up.contiguous()?, crate::fused::SwiGlu)?);
+    }
+    swiglu_composed(gate, up)
+}
+
+/// SwiGLU from candle's ops (any device; the reference in tests).
+pub(crate) fn swiglu_composed(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     Ok((gate.silu()? * up)?)
 }
 
@@ -94,7 +159,9 @@ pub(crate) fn logprob_entropy(
 ) -> Result<Tensor> {
     let logits = logits.contiguous()?;
     if !logits.device().is_cpu() {
-        return logprob_entropy_composed(&logits, &targets, temperature);
+        // Other devices: the composed ops, in f32 for half-precision logits (log-probs, entropy
+        // and the loss built on them are f32; the gradient is cast back by `to_dtype`).
+        return logprob_entropy_composed(&widened(&logits)?, &targets, temperature);
     }
     Ok(logits.apply_op1(LogProbEntropy {
         targets,
@@ -237,66 +304,6 @@ impl candle_core::CustomOp1 for LogProbEntropy {
     }
 }
 
-/// Differentiable softmax over the last dimension (see [`softmax_last_dim`]).
-struct SoftmaxLastDim;
-
-impl SoftmaxLastDim {
-    fn fwd<T: candle_core::WithDType>(data: &[T], v: usize) -> Vec<T> {
-        let mut out = Vec::with_capacity(data.len());
-        for row in data.chunks(v) {
-            let max = row
-                .iter()
-                .map(|x| x.to_f64())
-                .fold(f64::NEG_INFINITY, f64::max);
-            let start = out.len();
-            let mut sum = 0.0;
-            for &x in row {
-                let e = (x.to_f64() - max).exp();
-                sum += e;
-                out.push(T::from_f64(e));
-            }
-            for y in &mut out[start..] {
-                *y = T::from_f64(y.to_f64() / sum);
-            }
-        }
-        out
-    }
-}
-
-impl candle_core::CustomOp1 for SoftmaxLastDim {
-    fn name(&self) -> &'static str {
-        "softmax-last-dim"
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &candle_core::CpuStorage,
-        layout: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::CpuStorage;
-        let v = *layout.shape().dims().last().unwrap_or(&1);
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("softmax: input must be contiguous");
-        };
-        let out = match storage {
-            CpuStorage::F32(d) => CpuStorage::F32(Self::fwd(&d[start..end], v)),
-            CpuStorage::F64(d) => CpuStorage::F64(Self::fwd(&d[start..end], v)),
-            _ => candle_core::bail!("softmax: only f32 and f64 are supported"),
-        };
-        Ok((out, layout.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        _arg: &Tensor,
-        res: &Tensor,
-        grad_res: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
-        let dot = (grad_res * res)?.sum_keepdim(D::Minus1)?;
-        Ok(Some((grad_res.broadcast_sub(&dot)? * res)?))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,6 +338,158 @@ mod tests {
         for (a, b) in run(&op).iter().zip(&run(&reference)) {
             assert!((a - b).abs() < tol, "{a} vs {b}");
         }
+    }
+
+    /// Several inputs: runs `op` and `reference`, back-propagates `Σ y ⊙ weight`, and compares
+    /// the outputs and the gradients of the inputs marked `true` (the others are constants).
+    fn check_many(
+        inputs: &[(Vec<f64>, Vec<usize>, bool)],
+        tol: f64,
+        op: impl Fn(&[Tensor]) -> Tensor,
+        reference: impl Fn(&[Tensor]) -> Tensor,
+    ) {
+        let run = |f: &dyn Fn(&[Tensor]) -> Tensor| {
+            let vars: Vec<Var> = inputs
+                .iter()
+                .map(|(d, s, _)| {
+                    Var::from_tensor(&Tensor::from_vec(d.clone(), s.clone(), &Device::Cpu).unwrap())
+                        .unwrap()
+                })
+                .collect();
+            let ts: Vec<Tensor> = vars
+                .iter()
+                .zip(inputs)
+                .map(|(v, (_, _, grad))| {
+                    if *grad {
+                        v.as_tensor().clone()
+                    } else {
+                        v.as_tensor().detach()
+                    }
+                })
+                .collect();
+            let y = f(&ts);
+            let n = y.elem_count();
+            let w: Vec<f64> = (0..n).map(|i| ((i * 13 % 7) as f64 - 3.0) / 2.0).collect();
+            let w = Tensor::from_vec(w, y.shape(), &Device::Cpu).unwrap();
+            let grads = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+            let mut all = flat(&y);
+            for (v, (_, _, grad)) in vars.iter().zip(inputs) {
+                if *grad {
+                    all.extend(flat(grads.get(v.as_tensor()).unwrap()));
+                }
+            }
+            all
+        };
+        let (a, b) = (run(&op), run(&reference));
+        assert_eq!(a.len(), b.len());
+        for (a, b) in a.iter().zip(&b) {
+            assert!((a - b).abs() < tol, "{a} vs {b}");
+        }
+    }
+
+    fn data(n: usize, seed: usize) -> Vec<f64> {
+        (0..n)
+            .map(|i| (((i + seed) * 37 % 23) as f64 - 11.0) / 7.0)
+            .collect()
+    }
+
+    /// The fused RMSNorm and the composed one agree on values and on the gradients of the input
+    /// and the weight (f64, 1e-12), for 2-D rows and for per-head rows (`[n, heads, d]`).
+    #[test]
+    fn fused_rms_norm_matches_composed() {
+        for shape in [vec![5, 8], vec![3, 2, 4], vec![200, 6, 32]] {
+            let d = *shape.last().unwrap();
+            let n: usize = shape.iter().product();
+            check_many(
+                &[
+                    (data(n, 1), shape.clone(), true),
+                    (data(d, 5), vec![d], true),
+                ],
+                1e-12,
+                |t| rms_norm(&t[0], &t[1], 1e-6, false).unwrap(),
+                |t| rms_norm_composed(&t[0], &t[1], 1e-6, false).unwrap(),
+            );
+        }
+    }
+
+    /// The fused rotary embedding and the composed one agree (f64, 1e-12), values and the
+    /// input's gradient (the tables are constants).
+    #[test]
+    fn fused_rope_matches_composed() {
+        for (n, heads, hd) in [(4, 2, 8), (300, 3, 16)] {
+            let angles = |f: fn(f64) -> f64| -> Vec<f64> {
+                (0..n * hd / 2).map(|i| f(i as f64 * 0.173)).collect()
+            };
+            check_many(
+                &[
+                    (data(n * heads * hd, 3), vec![n, heads, hd], true),
+                    (angles(f64::cos), vec![n, hd / 2], false),
+                    (angles(f64::sin), vec![n, hd / 2], false),
+                ],
+                1e-12,
+                |t| rope(&t[0], &t[1], &t[2], false).unwrap(),
+                |t| rope_composed(&t[0], &t[1], &t[2], false).unwrap(),
+            );
+        }
+    }
+
+    /// The fused SwiGLU and `silu(gate) * up` agree (f64, 1e-12), values and both gradients.
+    #[test]
+    fn fused_swiglu_matches_composed() {
+        for shape in [vec![3, 5], vec![100, 512]] {
+            let n: usize = shape.iter().product();
+            check_many(
+                &[
+                    (data(n, 2), shape.clone(), true),
+                    (data(n, 9), shape.clone(), true),
+                ],
+                1e-12,
+                |t| swiglu(&t[0], &t[1]).unwrap(),
+                |t| swiglu_composed(&t[0], &t[1]).unwrap(),
+            );
+        }
+    }
+
+    /// In f32 the fused kernels give exactly what candle's inference kernels give (same
+    /// arithmetic in the same order), so engine log-probs are unchanged by the fusion.
+    #[test]
+    fn fused_kernels_equal_candles_inference_kernels_in_f32() {
+        let t = |n: usize, shape: &[usize], seed: usize| {
+            let v: Vec<f32> = data(n, seed).into_iter().map(|x| x as f32).collect();
+            Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+        };
+        let same = |a: Tensor, b: Tensor| {
+            let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(a, b);
+        };
+        let x = t(40 * 3 * 8, &[40, 3, 8], 1);
+        let w = t(8, &[8], 2);
+        same(
+            rms_norm(&x, &w, 1e-6, true).unwrap(),
+            rms_norm_composed(&x, &w, 1e-6, true).unwrap(),
+        );
+        let ang: Vec<f32> = (0..40 * 4).map(|i| i as f32 * 0.3).collect();
+        let cos = Tensor::from_vec(
+            ang.iter().map(|a| a.cos()).collect::<Vec<_>>(),
+            (40, 4),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let sin = Tensor::from_vec(
+            ang.iter().map(|a| a.sin()).collect::<Vec<_>>(),
+            (40, 4),
+            &Device::Cpu,
+        )
+        .unwrap();
+        same(
+            rope(&x, &cos, &sin, true).unwrap(),
+            rope_composed(&x, &cos, &sin, true).unwrap(),
+        );
+        let g = t(300, &[30, 10], 3);
+        let u = t(300, &[30, 10], 4);
+        same(swiglu(&g, &u).unwrap(), swiglu_composed(&g, &u).unwrap());
     }
 
     /// The training softmax and the composed one agree on values and gradients (f64, 1e-12),

@@ -142,7 +142,8 @@ pub fn token_stats(
     let both = ops::logprob_entropy(&logits, targets, temperature)?;
     let row_lp = both.narrow(1, 0, 1)?.squeeze(1)?;
     let row_ent = both.narrow(1, 1, 1)?.squeeze(1)?;
-    let keep = Tensor::from_vec(keep, n, device)?.to_dtype(model.dtype())?;
+    // The stats' dtype: f32 for a half-precision model (see `ops::logprob_entropy`).
+    let keep = Tensor::from_vec(keep, n, device)?.to_dtype(row_lp.dtype())?;
     let shift = |x: &Tensor| -> Result<Tensor> {
         let zero = Tensor::zeros(1, x.dtype(), device)?;
         let shifted = if n > 1 {

@@ -398,9 +398,14 @@ impl RunPlan {
     /// The plan in a few lines, for people (`rollflash train --dry-run`).
     pub fn describe(&self) -> Vec<String> {
         let mut out = vec![format!(
-            "plan: device {:?}, dtype {:?}, model {}",
+            "plan: device {:?}, dtype {:?} (this build: {}), model {}",
             self.placement.device,
             self.placement.dtype,
+            if cfg!(feature = "cuda") {
+                "cpu and cuda"
+            } else {
+                "cpu only, built without the `cuda` feature"
+            },
             match &self.model {
                 ModelSource::Builtin { seed } => format!("built-in (seed {seed})"),
                 ModelSource::Dir(d) => d.display().to_string(),

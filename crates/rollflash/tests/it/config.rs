@@ -170,6 +170,13 @@ fn cuda_in_a_build_without_it_is_refused_by_name() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("model.device") && e.contains("cuda"), "{e}");
+    // `--dry-run` says what this build can do.
+    let plan = rollflash_run::plan::RunPlan::new(load(&[]).unwrap()).unwrap();
+    assert!(
+        plan.describe()[0].contains("without the `cuda` feature"),
+        "{:?}",
+        plan.describe()
+    );
 }
 
 #[test]

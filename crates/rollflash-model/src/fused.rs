@@ -1,0 +1,654 @@
+//! Fused CPU kernels with hand-written backward passes: RMSNorm, rotary embedding, SwiGLU and
+//! the training softmax.
+//!
+//! Each is one pass over memory forward and one backward, where the composed candle ops are
+//! 3–8 passes each way (plus their intermediate tensors). The same forward kernel serves
+//! inference and training, so the engine's log-probs and the training forward's agree by
+//! construction; the arithmetic per element is the one of candle's inference kernels
+//! (`candle_nn::ops::rms_norm`, `rotary_emb::rope`, `silu(gate) * up`), in the same order.
+//! f32 and f64 only (f64 for the finite-difference tests); other dtypes and other devices use
+//! the composed ops ([`crate::ops`]).
+//!
+//! Rows are split over the current rayon pool in fixed blocks, and partial sums (the RMSNorm
+//! weight gradient) are added in block order, so results do not depend on the thread count.
+
+use std::ops::{Add, Div, Mul, Neg, Sub};
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Rows per parallel block: large enough to amortise the task, fixed so sums are reproducible.
+const BLOCK_ROWS: usize = 64;
+/// Below this many elements a kernel runs on the calling thread.
+const PAR_MIN: usize = 1 << 15;
+
+/// The element types the kernels support.
+pub(crate) trait Real:
+    candle_core::WithDType
+    + Copy
+    + Send
+    + Sync
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+    + std::iter::Sum
+{
+    fn sqrt(self) -> Self;
+    fn exp(self) -> Self;
+    fn of_f32(x: f32) -> Self;
+    fn larger(self, other: Self) -> Self;
+    fn of_usize(x: usize) -> Self;
+    fn unit() -> Self;
+}
+
+impl Real for f32 {
+    fn sqrt(self) -> Self {
+        f32::sqrt(self)
+    }
+    fn exp(self) -> Self {
+        f32::exp(self)
+    }
+    fn of_f32(x: f32) -> Self {
+        x
+    }
+    fn larger(self, other: Self) -> Self {
+        f32::max(self, other)
+    }
+    fn of_usize(x: usize) -> Self {
+        x as f32
+    }
+    fn unit() -> Self {
+        1.0
+    }
+}
+
+impl Real for f64 {
+    fn sqrt(self) -> Self {
+        f64::sqrt(self)
+    }
+    fn exp(self) -> Self {
+        f64::exp(self)
+    }
+    fn of_f32(x: f32) -> Self {
+        x as f64
+    }
+    fn larger(self, other: Self) -> Self {
+        f64::max(self, other)
+    }
+    fn of_usize(x: usize) -> Self {
+        x as f64
+    }
+    fn unit() -> Self {
+        1.0
+    }
+}
+
+fn contiguous<'a, T>(data: &'a [T], layout: &Layout, what: &str) -> candle_core::Result<&'a [T]> {
+    match layout.contiguous_offsets() {
+        Some((a, b)) => Ok(&data[a..b]),
+        None => candle_core::bail!("{what}: input must be contiguous"),
+    }
+}
+
+fn last_dim(layout: &Layout) -> usize {
+    layout.shape().dims().last().copied().unwrap_or(1)
+}
+
+/// Runs `f(block_index, rows_in, rows_out)` over blocks of `BLOCK_ROWS` rows of `d` elements,
+/// in parallel when there is enough work.
+fn for_blocks<T: Real, R: Send>(
+    src: &[T],
+    dst: &mut [T],
+    d: usize,
+    f: impl Fn(&[T], &mut [T]) -> R + Sync + Send,
+) -> Vec<R> {
+    let step = BLOCK_ROWS * d.max(1);
+    if src.len() < PAR_MIN {
+        src.chunks(step)
+            .zip(dst.chunks_mut(step))
+            .map(|(s, o)| f(s, o))
+            .collect()
+    } else {
+        src.par_chunks(step)
+            .zip(dst.par_chunks_mut(step))
+            .map(|(s, o)| f(s, o))
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm
+
+/// `y = x / sqrt(mean(x²) + eps) * w` over the last dimension (candle's kernel's arithmetic:
+/// the sum of squares in `T`, left to right; the divisor formed in `T`).
+pub(crate) struct RmsNorm {
+    pub eps: f32,
+}
+
+fn rms_denominator<T: Real>(row: &[T], eps: f32) -> T {
+    let sum2: T = row.iter().map(|&v| v * v).sum();
+    (sum2 / T::of_usize(row.len()) + T::of_f32(eps)).sqrt()
+}
+
+impl RmsNorm {
+    fn fwd<T: Real>(&self, x: &[T], w: &[T], d: usize) -> Vec<T> {
+        let mut out = vec![T::zero(); x.len()];
+        for_blocks(x, &mut out, d, |xs, ys| {
+            for (row, y) in xs.chunks(d).zip(ys.chunks_mut(d)) {
+                let m = rms_denominator(row, self.eps);
+                for ((y, &v), &a) in y.iter_mut().zip(row).zip(w) {
+                    *y = v / m * a;
+                }
+            }
+        });
+        out
+    }
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rollflash-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let d = last_dim(l1);
+        if l2.shape().elem_count() != d {
+            candle_core::bail!("rms_norm: weight of {:?} for rows of {d}", l2.shape());
+        }
+        let out = match (s1, s2) {
+            (CpuStorage::F32(x), CpuStorage::F32(w)) => CpuStorage::F32(self.fwd(
+                contiguous(x, l1, "rms_norm")?,
+                contiguous(w, l2, "rms_norm")?,
+                d,
+            )),
+            (CpuStorage::F64(x), CpuStorage::F64(w)) => CpuStorage::F64(self.fwd(
+                contiguous(x, l1, "rms_norm")?,
+                contiguous(w, l2, "rms_norm")?,
+                d,
+            )),
+            _ => candle_core::bail!("rms_norm: f32 or f64 inputs of one dtype"),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let d = w.elem_count();
+        let rows = x.elem_count() / d.max(1);
+        let both = x.contiguous()?.apply_op3_no_bwd(
+            &w.contiguous()?,
+            &grad.contiguous()?,
+            &RmsNormBwd { eps: self.eps },
+        )?;
+        let dx = both.narrow(0, 0, rows)?.reshape(x.shape())?;
+        let dw = both.narrow(0, rows, 1)?.reshape(w.shape())?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// The backward of [`RmsNorm`]: `(x, w, g) → [rows + 1, d]`, the input gradient's rows then the
+/// weight gradient. With `m = sqrt(mean(x²) + eps)`:
+/// `∂/∂x_j = g_j w_j / m − x_j · Σ_i g_i w_i x_i / (d m³)`, `∂/∂w_i = Σ_rows g_i x_i / m`.
+struct RmsNormBwd {
+    eps: f32,
+}
+
+impl RmsNormBwd {
+    fn run<T: Real>(&self, x: &[T], w: &[T], g: &[T], d: usize) -> Vec<T> {
+        let rows = x.len() / d.max(1);
+        let mut out = vec![T::zero(); (rows + 1) * d];
+        let (dx, dw) = out.split_at_mut(rows * d);
+        let step = BLOCK_ROWS * d;
+        let block = |(bi, dxs): (usize, &mut [T])| -> Vec<f64> {
+            let mut dw = vec![0f64; d];
+            let base = bi * step;
+            for (r, dxr) in dxs.chunks_mut(d).enumerate() {
+                let row = &x[base + r * d..base + (r + 1) * d];
+                let gr = &g[base + r * d..base + (r + 1) * d];
+                let m = rms_denominator(row, self.eps).to_f64();
+                let dot: f64 = row
+                    .iter()
+                    .zip(gr)
+                    .zip(w)
+                    .map(|((&v, &gi), &a)| gi.to_f64() * a.to_f64() * v.to_f64())
+                    .sum();
+                let c = dot / (d as f64 * m * m * m);
+                for (j, o) in dxr.iter_mut().enumerate() {
+                    let (v, gi) = (row[j].to_f64(), gr[j].to_f64());
+                    *o = T::from_f64(gi * w[j].to_f64() / m - v * c);
+                    dw[j] += gi * v / m;
+                }
+            }
+            dw
+        };
+        let partials: Vec<Vec<f64>> = if x.len() < PAR_MIN {
+            dx.chunks_mut(step).enumerate().map(block).collect()
+        } else {
+            dx.par_chunks_mut(step).enumerate().map(block).collect()
+        };
+        let mut total = vec![0f64; d];
+        for p in &partials {
+            for (t, v) in total.iter_mut().zip(p) {
+                *t += v;
+            }
+        }
+        for (o, t) in dw.iter_mut().zip(total) {
+            *o = T::from_f64(t);
+        }
+        out
+    }
+}
+
+impl CustomOp3 for RmsNormBwd {
+    fn name(&self) -> &'static str {
+        "rollflash-rms-norm-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let d = last_dim(l1);
+        let rows = l1.shape().elem_count() / d.max(1);
+        let what = "rms_norm backward";
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => {
+                CpuStorage::F32(self.run(
+                    contiguous(x, l1, what)?,
+                    contiguous(w, l2, what)?,
+                    contiguous(g, l3, what)?,
+                    d,
+                ))
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => {
+                CpuStorage::F64(self.run(
+                    contiguous(x, l1, what)?,
+                    contiguous(w, l2, what)?,
+                    contiguous(g, l3, what)?,
+                    d,
+                ))
+            }
+            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
+        };
+        Ok((out, (rows + 1, d).into()))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotary embedding
+
+/// Rotary embedding in the "rotate half" layout: `x [n, heads, hd]`, `cos, sin [n, hd / 2]`
+/// (row `i`'s own position). `y₁ = x₁ cos − x₂ sin`, `y₂ = x₁ sin + x₂ cos`, as candle's kernel.
+/// Its backward is the same rotation by the opposite angle (`sin → −sin`).
+pub(crate) struct Rope;
+
+impl Rope {
+    fn fwd<T: Real>(x: &[T], cos: &[T], sin: &[T], heads: usize, hd: usize) -> Vec<T> {
+        let half = hd / 2;
+        let mut out = vec![T::zero(); x.len()];
+        let row = heads * hd;
+        // Tokens are independent: rotate token by token, in parallel when large.
+        let work = |(t, (xr, yr)): (usize, (&[T], &mut [T]))| {
+            let c = &cos[t * half..(t + 1) * half];
+            let s = &sin[t * half..(t + 1) * half];
+            for (xh, yh) in xr.chunks(hd).zip(yr.chunks_mut(hd)) {
+                for i in 0..half {
+                    let (x1, x2) = (xh[i], xh[i + half]);
+                    yh[i] = x1 * c[i] - x2 * s[i];
+                    yh[i + half] = x1 * s[i] + x2 * c[i];
+                }
+            }
+        };
+        if x.len() < PAR_MIN {
+            x.chunks(row)
+                .zip(out.chunks_mut(row))
+                .enumerate()
+                .for_each(work);
+        } else {
+            x.par_chunks(row)
+                .zip(out.par_chunks_mut(row))
+                .enumerate()
+                .for_each(work);
+        }
+        out
+    }
+}
+
+impl CustomOp3 for Rope {
+    fn name(&self) -> &'static str {
+        "rollflash-rope"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (n, heads, hd) = l1.shape().dims3()?;
+        if hd % 2 != 0 || l2.shape().dims() != [n, hd / 2] || l3.shape().dims() != [n, hd / 2] {
+            candle_core::bail!(
+                "rope: x {:?} with cos {:?} and sin {:?}",
+                l1.shape(),
+                l2.shape(),
+                l3.shape()
+            );
+        }
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(x), CpuStorage::F32(c), CpuStorage::F32(s)) => {
+                CpuStorage::F32(Self::fwd(
+                    contiguous(x, l1, "rope")?,
+                    contiguous(c, l2, "rope")?,
+                    contiguous(s, l3, "rope")?,
+                    heads,
+                    hd,
+                ))
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(c), CpuStorage::F64(s)) => {
+                CpuStorage::F64(Self::fwd(
+                    contiguous(x, l1, "rope")?,
+                    contiguous(c, l2, "rope")?,
+                    contiguous(s, l3, "rope")?,
+                    heads,
+                    hd,
+                ))
+            }
+            _ => candle_core::bail!("rope: f32 or f64 inputs of one dtype"),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // The tables are constants of the model: no gradient for them.
+        let dx = grad
+            .contiguous()?
+            .apply_op3_no_bwd(cos, &sin.neg()?, &Rope)?;
+        Ok((Some(dx), None, None))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU
+
+/// `silu(gate) · up` with `silu(v) = v / (1 + e^{−v})` (candle's formula).
+/// Backward: `∂/∂up = g · silu(gate)`, `∂/∂gate = g · up · σ(gate) (1 + gate (1 − σ(gate)))`.
+pub(crate) struct SwiGlu;
+
+fn silu<T: Real>(v: T) -> T {
+    v / (T::unit() + (-v).exp())
+}
+
+impl SwiGlu {
+    fn fwd<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
+        let mut out = vec![T::zero(); gate.len()];
+        let work = |(o, (&g, &u)): (&mut T, (&T, &T))| *o = silu(g) * u;
+        if gate.len() < PAR_MIN {
+            out.iter_mut().zip(gate.iter().zip(up)).for_each(work);
+        } else {
+            out.par_iter_mut()
+                .zip(gate.par_iter().zip(up.par_iter()))
+                .for_each(work);
+        }
+        out
+    }
+}
+
+impl CustomOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "rollflash-swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        if l1.shape() != l2.shape() {
+            candle_core::bail!("swiglu: gate {:?} but up {:?}", l1.shape(), l2.shape());
+        }
+        let out = match (s1, s2) {
+            (CpuStorage::F32(g), CpuStorage::F32(u)) => CpuStorage::F32(Self::fwd(
+                contiguous(g, l1, "swiglu")?,
+                contiguous(u, l2, "swiglu")?,
+            )),
+            (CpuStorage::F64(g), CpuStorage::F64(u)) => CpuStorage::F64(Self::fwd(
+                contiguous(g, l1, "swiglu")?,
+                contiguous(u, l2, "swiglu")?,
+            )),
+            _ => candle_core::bail!("swiglu: f32 or f64 inputs of one dtype"),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let n = gate.elem_count();
+        let both = gate.contiguous()?.apply_op3_no_bwd(
+            &up.contiguous()?,
+            &grad.contiguous()?,
+            &SwiGluBwd,
+        )?;
+        let dg = both.narrow(0, 0, n)?.reshape(gate.shape())?;
+        let du = both.narrow(0, n, n)?.reshape(up.shape())?;
+        Ok((Some(dg), Some(du)))
+    }
+}
+
+/// One element of [`SwiGluBwd`]: the two gradient slots, then `((gate, up), g)`.
+type SwiGluBwdItem<'a, T> = ((&'a mut T, &'a mut T), ((&'a T, &'a T), &'a T));
+
+/// The backward of [`SwiGlu`]: `(gate, up, g) → [2n]`, the gate gradient then the up gradient.
+struct SwiGluBwd;
+
+impl SwiGluBwd {
+    fn run<T: Real>(gate: &[T], up: &[T], g: &[T]) -> Vec<T> {
+        let n = gate.len();
+        let mut out = vec![T::zero(); 2 * n];
+        let (dg, du) = out.split_at_mut(n);
+        let work = |((dg, du), ((&x, &u), &gr)): SwiGluBwdItem<'_, T>| {
+            let s = T::unit() / (T::unit() + (-x).exp());
+            *du = gr * x * s;
+            *dg = gr * u * s * (T::unit() + x * (T::unit() - s));
+        };
+        if n < PAR_MIN {
+            dg.iter_mut()
+                .zip(du.iter_mut())
+                .zip(gate.iter().zip(up).zip(g))
+                .for_each(work);
+        } else {
+            dg.par_iter_mut()
+                .zip(du.par_iter_mut())
+                .zip(gate.par_iter().zip(up.par_iter()).zip(g.par_iter()))
+                .for_each(work);
+        }
+        out
+    }
+}
+
+impl CustomOp3 for SwiGluBwd {
+    fn name(&self) -> &'static str {
+        "rollflash-swiglu-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let n = l1.shape().elem_count();
+        let what = "swiglu backward";
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(a), CpuStorage::F32(b), CpuStorage::F32(c)) => {
+                CpuStorage::F32(Self::run(
+                    contiguous(a, l1, what)?,
+                    contiguous(b, l2, what)?,
+                    contiguous(c, l3, what)?,
+                ))
+            }
+            (CpuStorage::F64(a), CpuStorage::F64(b), CpuStorage::F64(c)) => {
+                CpuStorage::F64(Self::run(
+                    contiguous(a, l1, what)?,
+                    contiguous(b, l2, what)?,
+                    contiguous(c, l3, what)?,
+                ))
+            }
+            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
+        };
+        Ok((out, (2 * n).into()))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax
+
+/// Softmax over the last dimension for training, in candle's kernel's arithmetic (max, `exp` of
+/// the shifted row, the sum in `T` left to right, divide), so it equals the inference softmax.
+/// Backward: `y ⊙ (g − Σ g ⊙ y)`, one pass ([`SoftmaxBwd`]).
+pub(crate) struct SoftmaxLastDim;
+
+impl SoftmaxLastDim {
+    fn fwd<T: Real>(x: &[T], v: usize) -> Vec<T> {
+        let mut out = vec![T::zero(); x.len()];
+        for_blocks(x, &mut out, v, |xs, ys| {
+            for (row, y) in xs.chunks(v).zip(ys.chunks_mut(v)) {
+                let mut max = row[0];
+                for &e in &row[1..] {
+                    max = max.larger(e);
+                }
+                for (y, &e) in y.iter_mut().zip(row) {
+                    *y = (e - max).exp();
+                }
+                let sum: T = y.iter().copied().sum();
+                for y in y.iter_mut() {
+                    *y /= sum;
+                }
+            }
+        });
+        out
+    }
+}
+
+impl CustomOp1 for SoftmaxLastDim {
+    fn name(&self) -> &'static str {
+        "rollflash-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let v = last_dim(l);
+        let out = match s {
+            CpuStorage::F32(x) => CpuStorage::F32(Self::fwd(contiguous(x, l, "softmax")?, v)),
+            CpuStorage::F64(x) => CpuStorage::F64(Self::fwd(contiguous(x, l, "softmax")?, v)),
+            _ => candle_core::bail!("softmax: only f32 and f64 are supported"),
+        };
+        Ok((out, l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(
+            res.contiguous()?
+                .apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxBwd)?,
+        ))
+    }
+}
+
+/// `(y, g) → y ⊙ (g − Σ g ⊙ y)` per row of the last dimension (the dot in f64).
+struct SoftmaxBwd;
+
+impl SoftmaxBwd {
+    fn run<T: Real>(y: &[T], g: &[T], v: usize) -> Vec<T> {
+        let mut out = vec![T::zero(); y.len()];
+        let step = BLOCK_ROWS * v.max(1);
+        let work = |(bi, o): (usize, &mut [T])| {
+            let base = bi * step;
+            for (r, orow) in o.chunks_mut(v).enumerate() {
+                let yr = &y[base + r * v..base + (r + 1) * v];
+                let gr = &g[base + r * v..base + (r + 1) * v];
+                let dot: f64 = yr
+                    .iter()
+                    .zip(gr)
+                    .map(|(&a, &b)| a.to_f64() * b.to_f64())
+                    .sum();
+                let dot = T::from_f64(dot);
+                for ((o, &a), &b) in orow.iter_mut().zip(yr).zip(gr) {
+                    *o = a * (b - dot);
+                }
+            }
+        };
+        if y.len() < PAR_MIN {
+            out.chunks_mut(step).enumerate().for_each(work);
+        } else {
+            out.par_chunks_mut(step).enumerate().for_each(work);
+        }
+        out
+    }
+}
+
+impl CustomOp2 for SoftmaxBwd {
+    fn name(&self) -> &'static str {
+        "rollflash-softmax-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let v = last_dim(l1);
+        let what = "softmax backward";
+        let out = match (s1, s2) {
+            (CpuStorage::F32(y), CpuStorage::F32(g)) => CpuStorage::F32(Self::run(
+                contiguous(y, l1, what)?,
+                contiguous(g, l2, what)?,
+                v,
+            )),
+            (CpuStorage::F64(y), CpuStorage::F64(g)) => CpuStorage::F64(Self::run(
+                contiguous(y, l1, what)?,
+                contiguous(g, l2, what)?,
+                v,
+            )),
+            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+}
