@@ -293,7 +293,8 @@ async function refresh() {
       if (state.liveHistory.length > 600) state.liveHistory.shift();
     }
     const steps = m.steps.length;
-    document.getElementById("status").textContent = `${live.running ? "running" : "finished run"} · ${live.phase || ""} · ${steps} step(s)`;
+    const phase = !live.running || live.phase === "done" ? "finished" : `running: ${live.phase || "starting"}`;
+    document.getElementById("status").textContent = `${phase} · ${steps} step(s)`;
     err.textContent = "";
     draw();
     state.updates += 1;
