@@ -7,6 +7,7 @@
 mod bad_models;
 mod bench_rl;
 mod config;
+mod dashboard;
 mod dataset;
 mod env_serve;
 mod eval;
