@@ -141,10 +141,12 @@ impl Dashboard {
                 addr: cfg.addr,
                 source,
             })?;
-        let addr = listener.local_addr().map_err(|source| DashboardError::Bind {
-            addr: cfg.addr,
-            source,
-        })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| DashboardError::Bind {
+                addr: cfg.addr,
+                source,
+            })?;
         let state = AppState {
             dir: RunDir::new(cfg.run_dir),
             running: live.is_some(),
@@ -192,7 +194,10 @@ impl Dashboard {
 
 fn router(state: AppState) -> Router {
     Router::new()
-        .route("/", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
+        .route(
+            "/",
+            get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }),
+        )
         .route(
             "/app.js",
             get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
@@ -312,13 +317,9 @@ async fn trajectories(State(st): State<AppState>, Query(q): Query<TrajectoryQuer
 const SNAPSHOT_DEADLINE: Duration = Duration::from_secs(1);
 
 async fn live(State(st): State<AppState>) -> Response {
-    let (phase, eval_before, source) = st.live.with(|l| {
-        (
-            l.phase.clone(),
-            l.eval_before.clone(),
-            l.source.clone(),
-        )
-    });
+    let (phase, eval_before, source) = st
+        .live
+        .with(|l| (l.phase.clone(), l.eval_before.clone(), l.source.clone()));
     let rollout = match source {
         Some(s) => tokio::time::timeout(SNAPSHOT_DEADLINE, s.snapshot())
             .await

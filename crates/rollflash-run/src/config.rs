@@ -600,7 +600,11 @@ impl TrainConfig {
     /// Every check serde cannot make. Errors name the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.buffer.validate()?;
-        check_key("dashboard", &self.dashboard.api_key, &self.dashboard.api_key_env)?;
+        check_key(
+            "dashboard",
+            &self.dashboard.api_key,
+            &self.dashboard.api_key_env,
+        )?;
         self.env.validate()?;
         let r = &self.rollout;
         if r.engines == 0 && r.servers.is_empty() {

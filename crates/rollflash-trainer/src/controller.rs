@@ -17,8 +17,8 @@ use rollflash_core::buffer::{Accounting, Batch, BufferConfig, BufferConfigError,
 use rollflash_core::controller::{
     ControllerCore, CoreAction, CoreConfig, CoreEvent, PublishedStep, RunEnd,
 };
-use rollflash_core::{PauseMode, PolicyVersion, Trajectory};
 use rollflash_core::timeline::{EventKind, TimelineEvent, TRAINER_LANE};
+use rollflash_core::{PauseMode, PolicyVersion, Trajectory};
 use rollflash_rollout::{
     EnvFactory, EnvManager, GroupResult, ProxyError, ProxyHandle, SyncTimings, Timeline,
     WeightUpdate,

@@ -4,7 +4,10 @@
 mod cmd;
 mod signal;
 
-use cmd::{bench, bench_engine, bench_proxy, dashboard, env_serve, eval, generate, serve, sim, train, verify};
+use cmd::{
+    bench, bench_engine, bench_proxy, dashboard, env_serve, eval, generate, serve, sim, train,
+    verify,
+};
 
 use std::path::PathBuf;
 

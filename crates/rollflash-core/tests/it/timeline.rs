@@ -46,7 +46,9 @@ fn long_busy_stretches_are_cut_at_the_span_and_at_a_pause() {
         c.observe(t, 1, 4, v, &mut out);
     }
     assert_eq!(out.len(), 3);
-    assert!(out.iter().all(|e| e.lane == "b" && e.end_ms - e.start_ms == 1_000));
+    assert!(out
+        .iter()
+        .all(|e| e.lane == "b" && e.end_ms - e.start_ms == 1_000));
     c.cut(3_500, &mut out);
     assert_eq!(out.len(), 4);
     assert_eq!((out[3].start_ms, out[3].end_ms), (3_000, 3_500));
@@ -63,7 +65,13 @@ fn the_event_count_is_bounded_by_time_not_requests() {
     let mut out = Vec::new();
     for i in 0..1_000_000u64 {
         let t = i * 3_600_000 / 1_000_000;
-        c.observe(t, 0, 1 + (i % 7) as usize, PolicyVersion(i / 100_000), &mut out);
+        c.observe(
+            t,
+            0,
+            1 + (i % 7) as usize,
+            PolicyVersion(i / 100_000),
+            &mut out,
+        );
         c.completed(0, 3);
     }
     c.cut(3_600_000, &mut out);

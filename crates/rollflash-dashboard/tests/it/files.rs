@@ -38,7 +38,11 @@ fn the_timeline_log_round_trips_and_a_resume_appends() {
 fn a_malformed_line_names_the_file_and_the_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("metrics.jsonl");
-    std::fs::write(&path, "{\"step\":0}\n{\"step\":1}\nnot json\n{\"step\":3}\n").unwrap();
+    std::fs::write(
+        &path,
+        "{\"step\":0}\n{\"step\":1}\nnot json\n{\"step\":3}\n",
+    )
+    .unwrap();
     let e = RunDir::new(dir.path()).metrics().unwrap_err();
     assert!(matches!(e, FileError::Malformed { line: 3, .. }), "{e:?}");
     let msg = e.to_string();

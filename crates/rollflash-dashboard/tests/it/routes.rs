@@ -44,7 +44,12 @@ fn record(step: usize, reward: f64) -> TrajectoryRecord {
 fn fixture() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let steps: String = (0..3)
-        .map(|s| format!("{}\n", json!({"step": s, "reward": 0.1 * s as f64, "elapsed_s": s})))
+        .map(|s| {
+            format!(
+                "{}\n",
+                json!({"step": s, "reward": 0.1 * s as f64, "elapsed_s": s})
+            )
+        })
         .collect();
     std::fs::write(dir.path().join("metrics.jsonl"), steps).unwrap();
     let tl = TimelineLog::create(dir.path(), false).unwrap();
@@ -63,8 +68,13 @@ fn fixture() -> tempfile::TempDir {
         });
     }
     let tr = TrajectoryLog::create(dir.path(), false).unwrap();
-    tr.append(&[record(0, 0.0), record(0, 1.0), record(1, 0.0), record(1, 1.0)])
-        .unwrap();
+    tr.append(&[
+        record(0, 0.0),
+        record(0, 1.0),
+        record(1, 0.0),
+        record(1, 1.0),
+    ])
+    .unwrap();
     dir
 }
 
@@ -82,7 +92,9 @@ async fn start(dir: &std::path::Path, key: Option<&str>, live: Option<Live>) -> 
 }
 
 async fn get(d: &Dashboard, path: &str) -> (u16, String) {
-    let r = reqwest::get(format!("http://{}{path}", d.addr())).await.unwrap();
+    let r = reqwest::get(format!("http://{}{path}", d.addr()))
+        .await
+        .unwrap();
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
@@ -100,7 +112,10 @@ async fn the_page_and_the_json_routes_serve_the_run_directory() {
     assert_eq!(status, 200);
     assert!(html.contains("data-curve-points") && html.contains("app.js"));
     // No network at run time: the page loads nothing from anywhere else.
-    assert!(!html.contains("http://") && !html.contains("https://"), "{html}");
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "{html}"
+    );
     let (status, js) = get(&d, "/app.js").await;
     assert_eq!(status, 200);
     assert!(js.contains("data-timeline-bars") || js.contains("timelineBarsTrain"));
@@ -127,19 +142,32 @@ async fn the_page_and_the_json_routes_serve_the_run_directory() {
     assert_eq!(one["trajectories"].as_array().unwrap().len(), 1);
 
     let live = get_json(&d, "/api/live").await;
-    assert_eq!((live["running"].clone(), live["phase"].clone()), (json!(false), json!("finished")));
+    assert_eq!(
+        (live["running"].clone(), live["phase"].clone()),
+        (json!(false), json!("finished"))
+    );
     d.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_malformed_file_is_an_error_naming_file_and_line() {
     let dir = fixture();
-    std::fs::write(dir.path().join("metrics.jsonl"), "{\"step\":0}\n{oops\n{\"step\":2}\n").unwrap();
+    std::fs::write(
+        dir.path().join("metrics.jsonl"),
+        "{\"step\":0}\n{oops\n{\"step\":2}\n",
+    )
+    .unwrap();
     let d = start(dir.path(), None, None).await;
     let (status, body) = get(&d, "/api/metrics").await;
     assert_eq!(status, 500);
     let e: Value = serde_json::from_str(&body).unwrap();
-    assert!(e["error"].as_str().unwrap().contains("metrics.jsonl line 2"), "{body}");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("metrics.jsonl line 2"),
+        "{body}"
+    );
     d.shutdown().await;
 }
 
@@ -156,7 +184,10 @@ async fn beyond_loopback_needs_a_key_and_a_key_is_enforced() {
     )
     .await
     .unwrap_err();
-    assert!(matches!(refused, DashboardError::NeedsApiKey { .. }), "{refused}");
+    assert!(
+        matches!(refused, DashboardError::NeedsApiKey { .. }),
+        "{refused}"
+    );
 
     let d = start(dir.path(), Some("s3cret"), None).await;
     assert_eq!(get(&d, "/").await.0, 401);

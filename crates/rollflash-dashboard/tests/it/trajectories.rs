@@ -57,7 +57,10 @@ fn the_sample_spans_the_rewards_and_each_record_keeps_text_and_versions() {
     let rewards: Vec<f64> = recs.iter().map(|r| r.reward).collect();
     assert_eq!(rewards, vec![1.0, 0.5, 0.0], "best, middle, worst");
     let r = &recs[0];
-    assert_eq!((r.step, r.trained_version, r.seed, r.finish.as_str()), (7, 2, 9, "terminated"));
+    assert_eq!(
+        (r.step, r.trained_version, r.seed, r.finish.as_str()),
+        (7, 2, 9, "terminated")
+    );
     assert_eq!(r.response_tokens, 4);
     let pieces: Vec<(Role, &str, u64)> = r
         .pieces

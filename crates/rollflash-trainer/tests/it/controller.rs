@@ -9,10 +9,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rollflash_core::buffer::{Batch, BufferConfig};
 use rollflash_core::proxy::LeastLoaded;
+use rollflash_core::timeline::{EventKind, TimelineEvent, TimelineSink};
 use rollflash_core::{PauseMode, PolicyVersion, SamplingParams, Trajectory};
 use rollflash_env::{Env, EnvError, Reset, Step};
 use rollflash_model::tokenizer::Tokenizer;
 use rollflash_rollout::GroupResult;
+use rollflash_rollout::Timeline;
 use rollflash_rollout::{
     Backend, BackendEntry, EnvFactory, EnvManager, EnvManagerConfig, InstantBackend, LlmProxy,
     ProxyConfig, Renderer, WeightUpdate,
@@ -21,8 +23,6 @@ use rollflash_trainer::{
     AsyncController, ControllerConfig, EnvGroups, GroupRunner, Learner, LearnerError, NoSink,
     RunEnd, StepStats, StopFlag,
 };
-use rollflash_core::timeline::{EventKind, TimelineEvent, TimelineSink};
-use rollflash_rollout::Timeline;
 use tokio::sync::watch;
 
 /// One step, reward depends on the seed so groups have variance; latency grows with the
@@ -493,7 +493,12 @@ async fn the_timeline_shows_every_step_sync_and_pause_and_the_baseline_never_ove
     let rec = Arc::new(Recorded::default());
     let timeline = Timeline::new(Arc::clone(&rec) as Arc<dyn TimelineSink>);
     let backends = (0..2)
-        .map(|i| Arc::new(InstantBackend::with_delay(format!("i{i}"), Duration::from_millis(5))))
+        .map(|i| {
+            Arc::new(InstantBackend::with_delay(
+                format!("i{i}"),
+                Duration::from_millis(5),
+            ))
+        })
         .collect();
     let r = rollout_with(
         backends,
@@ -537,18 +542,27 @@ async fn the_timeline_shows_every_step_sync_and_pause_and_the_baseline_never_ove
     let train: Vec<_> = of(EventKind::Train).collect();
     assert_eq!(train.len(), 3);
     for (i, t) in train.iter().enumerate() {
-        assert_eq!((t.lane.as_str(), t.version, t.count), ("trainer", i as u64, 8));
+        assert_eq!(
+            (t.lane.as_str(), t.version, t.count),
+            ("trainer", i as u64, 8)
+        );
     }
     assert_eq!(of(EventKind::Sync).count(), 3 * 2);
     assert!(of(EventKind::Sync).all(|e| e.count == 1));
     assert_eq!(of(EventKind::Pause).count(), 3 * 2);
     let generate: Vec<_> = of(EventKind::Generate).collect();
     for lane in ["i0", "i1"] {
-        assert!(generate.iter().any(|e| e.lane == lane), "no generation on {lane}");
+        assert!(
+            generate.iter().any(|e| e.lane == lane),
+            "no generation on {lane}"
+        );
     }
     // Every trained sample's request finished inside some busy interval.
     let finished: u64 = generate.iter().map(|e| e.count).sum();
-    assert!(finished >= report.accounting.trained, "{finished} requests in the bars");
+    assert!(
+        finished >= report.accounting.trained,
+        "{finished} requests in the bars"
+    );
     for g in &generate {
         for t in &train {
             assert!(

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use rollflash_dashboard::Live;
 use rollflash_run::config::TrainConfig;
 use rollflash_run::pipeline::{PipelineError, Resume, RunOptions};
 use rollflash_run::plan::RunPlan;
-use rollflash_dashboard::Live;
 use rollflash_trainer::StopFlag;
 
 /// The exit status of a run stopped by a signal (128 + SIGINT, the shell's convention).

@@ -115,7 +115,10 @@ fn the_live_dashboard_draws_curves_timeline_and_trajectories_in_chromium() {
         if let Some(s) = run.try_wait().unwrap() {
             panic!("the run exited ({s}) before its dashboard was up: {text}");
         }
-        assert!(t.elapsed() < Duration::from_secs(300), "the run took too long: {text}");
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "the run took too long: {text}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     let url = text
@@ -130,11 +133,26 @@ fn the_live_dashboard_draws_curves_timeline_and_trajectories_in_chromium() {
     assert!(!dom.contains("data-error"), "the page reported an error");
     assert!(attr(&dom, "data-updates") >= 1);
     assert!(attr(&dom, "data-curves") >= 5, "curves drawn");
-    assert!(attr(&dom, "data-curve-points") >= 3 * 5, "points on the curves");
-    assert!(attr(&dom, "data-timeline-bars-train") >= 3, "a train bar per step");
-    assert!(attr(&dom, "data-timeline-bars-rollout") >= 1, "rollout bars");
-    assert!(attr(&dom, "data-timeline-bars-sync") >= 3, "a weight load per step");
-    assert!(attr(&dom, "data-trajectories") >= 1, "the inspector lists trajectories");
+    assert!(
+        attr(&dom, "data-curve-points") >= 3 * 5,
+        "points on the curves"
+    );
+    assert!(
+        attr(&dom, "data-timeline-bars-train") >= 3,
+        "a train bar per step"
+    );
+    assert!(
+        attr(&dom, "data-timeline-bars-rollout") >= 1,
+        "rollout bars"
+    );
+    assert!(
+        attr(&dom, "data-timeline-bars-sync") >= 3,
+        "a weight load per step"
+    );
+    assert!(
+        attr(&dom, "data-trajectories") >= 1,
+        "the inspector lists trajectories"
+    );
     // Multi-turn: the inspector shows the environment's observations between turns.
     assert!(dom.contains("class=\"env\""), "no observation pieces");
 
@@ -148,7 +166,9 @@ fn the_live_dashboard_draws_curves_timeline_and_trajectories_in_chromium() {
         ],
         &url,
     );
-    assert!(std::fs::metadata(&shot).map(|m| m.len() > 10_000).unwrap_or(false));
+    assert!(std::fs::metadata(&shot)
+        .map(|m| m.len() > 10_000)
+        .unwrap_or(false));
     eprintln!("dashboard screenshot: {}", shot.display());
 
     // Ctrl-C ends the kept dashboard and the process cleanly.
