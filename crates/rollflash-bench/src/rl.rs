@@ -713,6 +713,7 @@ async fn run_mode(
                 }) as Box<dyn Env>
             }) as WrapEnv
         }),
+        timeline: None,
     };
     let model = policy.trainable(&plan)?;
     let stack = Stack::build_with(&plan, policy, &model, PolicyVersion(0), &hooks)?;

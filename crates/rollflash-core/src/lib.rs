@@ -8,6 +8,7 @@ pub mod controller;
 pub mod gen;
 pub mod proxy;
 pub mod redundancy;
+pub mod timeline;
 pub mod trajectory;
 
 pub use gen::{GenOutput, GenRequest, Generated, InvalidParams, SamplingParams};

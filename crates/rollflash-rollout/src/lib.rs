@@ -11,6 +11,7 @@ pub mod instant;
 pub mod proxy;
 pub mod publish;
 pub mod server;
+pub mod timeline;
 
 pub use backend::{Backend, BackendError, BackendLoad, PauseMode, TokenScore, WeightUpdate};
 pub use engine_backend::{EngineBackend, EngineBackendConfig};
@@ -26,3 +27,4 @@ pub use proxy::{
 };
 pub use publish::{DiskWeights, FixedWeights, PublishError, WeightPublisher};
 pub use server::{serve, ServerConfig, ServerError, ServerState, WeightsAccess};
+pub use timeline::Timeline;

@@ -24,12 +24,16 @@ use rollflash_core::proxy::{
     Affinity, BackendId, Completion, GroupId, Outcome, ProxyAction, ProxyCounters, ProxyEvent,
     ProxySchedConfig, ProxyScheduler, RoutingPolicy,
 };
+use rollflash_core::timeline::{
+    BusyCoalescer, EventKind, TimelineEvent, DEFAULT_MAX_SPAN_MS, DEFAULT_MERGE_GAP_MS,
+};
 use rollflash_core::{FinishReason, GenOutput, GenRequest, PauseMode, PolicyVersion, RequestId};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, BackendError, WeightUpdate};
+use crate::timeline::Timeline;
 
 /// Why a proxied request produced no output.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +86,9 @@ pub struct ProxyConfig {
     /// sync goes on with the others. A backend's own tighter bound (an HTTP client's
     /// timeout) fires first.
     pub update_timeout: Duration,
+    /// Where the proxy reports what its backends do (busy intervals, pauses, weight
+    /// loads); `None` reports nothing.
+    pub timeline: Option<Timeline>,
 }
 
 impl Default for ProxyConfig {
@@ -93,6 +100,7 @@ impl Default for ProxyConfig {
             },
             health_probe_interval: Duration::from_millis(500),
             update_timeout: DEFAULT_UPDATE_TIMEOUT,
+            timeline: None,
         }
     }
 }
@@ -215,6 +223,8 @@ pub struct ProxyHandle {
     weights: Arc<Publication>,
     /// Whether some backend is in rotation (up, at the newest weights), kept by the task.
     serving: watch::Receiver<bool>,
+    /// Where each backend's weight load is reported.
+    timeline: Option<Timeline>,
 }
 
 /// The latest published weights, and one lock per backend that every weight update to it
@@ -341,7 +351,18 @@ impl LlmProxy {
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let (serving_tx, serving_rx) = watch::channel(!list.is_empty());
+        let busy = cfg.timeline.clone().map(|t| {
+            let lanes = list.iter().map(|b| b.name().to_string()).collect();
+            let c = BusyCoalescer::new(lanes, DEFAULT_MERGE_GAP_MS, DEFAULT_MAX_SPAN_MS);
+            BusyLog {
+                timeline: t,
+                coalescer: c,
+                paused_at: None,
+                events: Vec::new(),
+            }
+        });
         let state = ProxyTask {
+            busy,
             serving: serving_tx,
             weights: Arc::clone(&weights),
             sched,
@@ -365,6 +386,7 @@ impl LlmProxy {
                 backends: list,
                 weights,
                 serving: serving_rx,
+                timeline: cfg.timeline.clone(),
             },
             task,
         }
@@ -551,6 +573,20 @@ impl ProxyHandle {
             });
         }
         let t2 = Instant::now();
+        if let Some(tl) = &self.timeline {
+            let start_ms = tl.ms_at(t1);
+            for b in &backends {
+                tl.record(TimelineEvent {
+                    lane: b.name.clone(),
+                    kind: EventKind::Sync,
+                    start_ms,
+                    end_ms: start_ms + b.took.as_millis() as u64,
+                    version: update.version().0,
+                    count: u64::from(b.loaded),
+                    tokens: 0,
+                });
+            }
+        }
         self.resume().await?;
         let timings = SyncTimings {
             pause: t1 - t0,
@@ -597,8 +633,28 @@ struct Pending {
     finish: FinishReason,
 }
 
+/// The proxy's timeline: busy intervals per backend and pauses (see
+/// `rollflash_core::timeline`).
+struct BusyLog {
+    timeline: Timeline,
+    coalescer: BusyCoalescer,
+    /// When the current pause began (Unix ms).
+    paused_at: Option<u64>,
+    events: Vec<TimelineEvent>,
+}
+
+impl BusyLog {
+    fn flush(&mut self) {
+        for e in self.events.drain(..) {
+            self.timeline.record(e);
+        }
+    }
+}
+
 /// The proxy task's state.
 struct ProxyTask {
+    /// Reports what the backends do, when the proxy has a timeline.
+    busy: Option<BusyLog>,
     sched: ProxyScheduler,
     /// The latest published weights, for catching up backends that rejoin.
     weights: Arc<Publication>,
@@ -639,6 +695,7 @@ impl ProxyTask {
                 msg = rx.recv() => msg,
                 () = &mut timer, if armed.is_some() => {
                     self.tick();
+                    self.observe_busy();
                     self.publish_serving();
                     // Re-arm even if the earliest deadline did not move: the timer has fired.
                     armed = None;
@@ -654,9 +711,34 @@ impl ProxyTask {
                 return;
             }
             self.handle(msg);
+            self.observe_busy();
             self.publish_serving();
         }
+        self.cut_busy();
         self.tasks.shutdown().await;
+    }
+
+    /// Tells the timeline how many requests each backend runs now.
+    fn observe_busy(&mut self) {
+        let Some(log) = self.busy.as_mut() else {
+            return;
+        };
+        let now = log.timeline.now_ms();
+        for (b, running) in self.sched.running().into_iter().enumerate() {
+            let version = self.sched.weights_of(BackendId(b)).unwrap_or_default();
+            log.coalescer
+                .observe(now, b, running, version, &mut log.events);
+        }
+        log.flush();
+    }
+
+    /// Ends every open busy interval now (a pause, shutdown).
+    fn cut_busy(&mut self) {
+        if let Some(log) = self.busy.as_mut() {
+            let now = log.timeline.now_ms();
+            log.coalescer.cut(now, &mut log.events);
+            log.flush();
+        }
     }
 
     /// Tells watchers whether some backend is in rotation, when that changed.
@@ -768,6 +850,10 @@ impl ProxyTask {
                 result,
             } => self.on_reply(id, backend, attempt, result),
             Msg::Pause(mode, ack) => {
+                self.cut_busy();
+                if let Some(log) = self.busy.as_mut() {
+                    log.paused_at = Some(log.timeline.now_ms());
+                }
                 self.feed(ProxyEvent::Pause { mode });
                 let backends = Arc::clone(&self.backends);
                 // A backend that is down (being probed) runs none of our requests: it is not
@@ -809,6 +895,24 @@ impl ProxyTask {
                 });
             }
             Msg::Resumed(ack) => {
+                if let Some(log) = self.busy.as_mut() {
+                    if let Some(start_ms) = log.paused_at.take() {
+                        let end_ms = log.timeline.now_ms();
+                        let version = self.sched.current_weights().0;
+                        for b in self.backends.iter() {
+                            log.events.push(TimelineEvent {
+                                lane: b.name().to_string(),
+                                kind: EventKind::Pause,
+                                start_ms,
+                                end_ms,
+                                version,
+                                count: 0,
+                                tokens: 0,
+                            });
+                        }
+                        log.flush();
+                    }
+                }
                 self.feed(ProxyEvent::Resume);
                 let _ = ack.send(());
             }
@@ -884,6 +988,10 @@ impl ProxyTask {
                 // not overwrite the request's tokens; the scheduler ignores it too.
                 if self.sched.running_attempt(id) == Some((backend, attempt)) {
                     if let Some(p) = self.pending.get_mut(&id) {
+                        if let Some(log) = self.busy.as_mut() {
+                            let new = out.output.len().saturating_sub(p.req.resumed_len());
+                            log.coalescer.completed(backend.0, new as u64);
+                        }
                         p.req.resume = Some(out.output);
                         p.finish = out.finish_reason;
                     }

@@ -91,6 +91,8 @@ pub struct TrainConfig {
     pub checkpoint: CheckpointSection,
     /// Progress bar, Prometheus endpoint, final report (`crate::metrics`, `crate::prometheus`, `crate::report`).
     pub metrics: MetricsSection,
+    /// The live dashboard and the files it reads (`timeline.jsonl`, `trajectories.jsonl`).
+    pub dashboard: DashboardSection,
 }
 
 /// Which policy to start from.
@@ -439,6 +441,7 @@ impl Default for TrainConfig {
             controller: ControllerSection::default(),
             checkpoint: Default::default(),
             metrics: Default::default(),
+            dashboard: Default::default(),
         }
     }
 }
@@ -658,6 +661,11 @@ impl TrainConfig {
     /// Every check serde cannot make. Errors name the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.buffer.validate()?;
+        check_key(
+            "dashboard",
+            &self.dashboard.api_key,
+            &self.dashboard.api_key_env,
+        )?;
         self.env.validate()?;
         let r = &self.rollout;
         if r.engines == 0 && r.servers.is_empty() {
@@ -936,6 +944,38 @@ impl Default for MetricsSection {
             prometheus: None,
             progress: true,
             report: true,
+        }
+    }
+}
+
+/// `[dashboard]`: the page that shows the run while it runs (`rollflash-dashboard`), and
+/// the trajectories it shows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DashboardSection {
+    /// Serve the dashboard here during the run (`--dashboard` sets it); absent means none.
+    /// An address beyond loopback needs an API key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addr: Option<std::net::SocketAddr>,
+    /// The dashboard's API key (prefer `api_key_env`; without either, `ROLLFLASH_API_KEY`
+    /// when set, as for `rollflash serve`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    /// The environment variable holding the API key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Trajectories of each trained batch saved to `trajectories.jsonl` (spread over the
+    /// batch's rewards); 0 saves none.
+    pub trajectories_per_step: usize,
+}
+
+impl Default for DashboardSection {
+    fn default() -> Self {
+        DashboardSection {
+            addr: None,
+            api_key: None,
+            api_key_env: None,
+            trajectories_per_step: 4,
         }
     }
 }

@@ -32,6 +32,8 @@ pub struct MetricsError {
 /// `weight_sync_ms_by_backend`: each one's update, `null` where it failed), `wall_s`, `train_s`, `wait_s`, `elapsed_s`,
 /// and the cumulative sample accounting (`started`, `trained`, `filtered`, `dropped_stale`,
 /// `aborted`, `failed`, `running`, `buffered`).
+/// The run's sink adds `response_len_mean` and `response_len_max` (model tokens of the
+/// step's batch) from the batch it saw.
 pub fn step_json(s: &StepRecord, elapsed_offset_s: f64) -> Value {
     let wall = s.wall.as_secs_f64().max(1e-9);
     let hist: serde_json::Map<String, Value> = s

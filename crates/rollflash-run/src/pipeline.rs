@@ -55,6 +55,8 @@ pub enum PipelineError {
         #[source]
         source: std::io::Error,
     },
+    #[error("dashboard files: {0}")]
+    Dashboard(#[from] rollflash_dashboard::FileError),
     #[error("prometheus endpoint {addr}: {source}")]
     Prometheus {
         addr: String,
@@ -179,6 +181,9 @@ pub struct RunOptions {
     /// writes a checkpoint of where it stopped (resumable with `--resume`), its metrics and
     /// report, and returns with [`TrainSummary::interrupted`] set.
     pub stop: rollflash_trainer::StopFlag,
+    /// The dashboard serving this run, told the run's phase, its evaluation before RL and
+    /// the rollout plane while it exists.
+    pub live: Option<rollflash_dashboard::Live>,
 }
 
 /// Runs everything the config describes, from scratch.
@@ -201,6 +206,7 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         source,
     })?;
     let ckpt_root = checkpoint::root(&cfg.output_dir);
+    let live = opts.live.clone().unwrap_or_default();
     // An environment server that is down stops the run here, before the warm-up.
     if let Some(line) = stack::check_env(&plan).await? {
         println!("{line}");
@@ -253,6 +259,7 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     }
     let mut model = policy.trainable(&plan)?;
     if resumed.is_none() {
+        live.set_phase("warm-up");
         match stack::warm_up(&plan, &policy, &mut model, &opts.stop).await? {
             WarmedUp::Unsupported { env } => println!(
                 "warm-up: skipped (warm-up data exists for math and frozen_lake; env is `{env}`)"
@@ -265,10 +272,21 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     let start_version = resumed
         .as_ref()
         .map_or(PolicyVersion(0), |r| r.state.cursor.version);
-    let rollout = Stack::build(&plan, &policy, &model, start_version)?;
+    // What the dashboard reads: the timeline (the proxy's and the trainer's bars) and a few
+    // trajectories of every batch; both continue a resumed run's files.
+    let timeline = crate::dashboard::timeline(&cfg.output_dir, resumed.is_some())?;
+    let hooks = stack::StackHooks {
+        timeline: Some(timeline.clone()),
+        ..Default::default()
+    };
+    let rollout = Stack::build_with(&plan, &policy, &model, start_version, &hooks)?;
     // Every server checked and given the starting weights before anything is generated.
     rollout.connect(&policy).await?;
     let threshold = plan.success_threshold;
+    live.set_source(Some(Arc::new(crate::dashboard::ProxyLive(
+        rollout.proxy.handle(),
+    ))));
+    live.set_phase("evaluation before RL");
 
     let eval_before = match &resumed {
         Some(r) => r.state.eval_before,
@@ -286,6 +304,8 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
             e
         }
     };
+    live.set_eval_before(eval_before.and_then(|e| serde_json::to_value(e).ok()));
+    live.set_phase("rl");
 
     // Metrics: the file (with the resumed checkpoint's records first), the progress bar,
     // the Prometheus endpoint.
@@ -344,7 +364,8 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         learner,
     )?
     .with_success_threshold(threshold)
-    .with_stop(opts.stop.clone());
+    .with_stop(opts.stop.clone())
+    .with_timeline(timeline);
     if let Some(r) = &resumed {
         ctl = ctl.resume_from(ResumeFrom {
             cursor: r.state.cursor,
@@ -371,6 +392,13 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         data: plan.data.clone(),
         on_checkpoint_error: cfg.checkpoint.on_error,
         checkpoints_skipped: 0,
+        trajectories: crate::dashboard::TrajectorySampler::create(
+            &cfg.output_dir,
+            resumed.is_some(),
+            plan.dashboard.trajectories_per_step,
+            Arc::clone(&policy.tokenizer),
+        )?,
+        lengths: None,
     };
     let outcome = ctl.run_with_sink(&mut sink).await;
     sink.progress.finish();
@@ -380,6 +408,7 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
             if let Some(p) = prom {
                 p.shutdown().await;
             }
+            live.set_source(None);
             let _ = rollout.proxy.shutdown().await;
             return Err(e.into());
         }
@@ -391,6 +420,7 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     let eval_after = if stopped_early {
         None
     } else {
+        live.set_phase("evaluation after RL");
         // Every step ran; a stop now only skips the evaluation.
         tokio::select! {
             e = evaluate_both(&plan, &rollout) => e,
@@ -403,6 +433,7 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     if let Some(p) = prom {
         p.shutdown().await;
     }
+    live.set_source(None);
     rollout.proxy.shutdown().await?;
 
     let final_dir = if stopped_early {
@@ -464,6 +495,7 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     } else {
         None
     };
+    live.set_phase("done");
     match report.end {
         RunEnd::Stalled { version, waited } => {
             return Err(PipelineError::Stalled {
@@ -538,6 +570,10 @@ struct RunSink {
     on_checkpoint_error: OnCheckpointError,
     /// Checkpoints not written under `checkpoint.on_error = "continue"`.
     checkpoints_skipped: usize,
+    /// A few trajectories of each batch, for the dashboard.
+    trajectories: crate::dashboard::TrajectorySampler,
+    /// Mean and longest response of the batch of the step being published.
+    lengths: Option<(f64, usize)>,
 }
 
 /// The data cursor at `cursor` of a dataset run (`None` for generated tasks). The data was
@@ -589,8 +625,13 @@ impl StepSink<PolicyLearner> for RunSink {
         learner: &PolicyLearner,
         cursor: Cursor,
     ) -> Result<(), SinkError> {
+        let mut json = crate::metrics::step_json(record, self.elapsed_before);
+        if let Some((mean, max)) = self.lengths.take() {
+            json["response_len_mean"] = serde_json::json!(mean);
+            json["response_len_max"] = serde_json::json!(max);
+        }
         self.log
-            .append(&crate::metrics::step_json(record, self.elapsed_before))
+            .append(&json)
             .map_err(|e| SinkError::new("metrics", e))?;
         self.progress.step(record);
         if let Ok(mut g) = self.gauges.lock() {
@@ -622,6 +663,17 @@ impl StepSink<PolicyLearner> for RunSink {
             }
         }
         Ok(())
+    }
+
+    fn on_batch(
+        &mut self,
+        step: usize,
+        batch: &rollflash_core::buffer::Batch<rollflash_core::Trajectory>,
+    ) -> Result<(), SinkError> {
+        self.lengths = Some(crate::dashboard::response_lengths(batch));
+        self.trajectories
+            .save(step, batch)
+            .map_err(|e| SinkError::new("trajectories", e))
     }
 }
 

@@ -33,6 +33,13 @@ pub enum PlanError {
     /// `model.device = "cuda:N"` in a build without the `cuda` feature.
     #[error("model.device = \"cuda:{0}\" needs a build with the `cuda` feature (cargo build --features cuda)")]
     NoCuda(usize),
+    /// `dashboard.addr` beyond loopback without an API key: anyone on the network could
+    /// read the run.
+    #[error(
+        "dashboard.addr = {0} is not a loopback address: set dashboard.api_key_env (or \
+         ROLLFLASH_API_KEY), or bind 127.0.0.1"
+    )]
+    DashboardNeedsKey(SocketAddr),
     /// The device could not be opened.
     #[error("model.device = \"{device}\": {source}")]
     Device {
@@ -239,9 +246,42 @@ pub struct RunPlan {
     pub warmup: WarmupPlan,
     pub eval: EvalPlan,
     pub prometheus: Option<SocketAddr>,
+    pub dashboard: DashboardPlan,
     /// The dataset task's config (with the run's first task seed as its origin), when the
     /// task is one: checkpoints save its data cursor and `--resume` checks it.
     pub data: Option<DatasetTaskConfig>,
+}
+
+/// The dashboard of a run: where it is served (if anywhere), with which key, and how many
+/// trajectories of each batch are saved for it.
+#[derive(Debug, Clone, Default)]
+pub struct DashboardPlan {
+    pub addr: Option<SocketAddr>,
+    /// Resolved like the servers' keys (`api_key`, `api_key_env`, then `ROLLFLASH_API_KEY`
+    /// as `rollflash serve` reads it); required beyond loopback.
+    pub api_key: Option<String>,
+    pub trajectories_per_step: usize,
+}
+
+impl DashboardPlan {
+    fn new(d: &crate::config::DashboardSection) -> Result<Self, PlanError> {
+        let api_key = match resolve_api_key("dashboard", &d.api_key, &d.api_key_env)? {
+            Some(k) => Some(k),
+            None => std::env::var("ROLLFLASH_API_KEY")
+                .ok()
+                .filter(|k| !k.is_empty()),
+        };
+        if let Some(addr) = d.addr {
+            if !addr.ip().is_loopback() && api_key.is_none() {
+                return Err(PlanError::DashboardNeedsKey(addr));
+            }
+        }
+        Ok(DashboardPlan {
+            addr: d.addr,
+            api_key,
+            trajectories_per_step: d.trajectories_per_step,
+        })
+    }
 }
 
 impl RunPlan {
@@ -375,6 +415,7 @@ impl RunPlan {
                 temperature: r.temperature,
             },
             prometheus: c.metrics.prometheus,
+            dashboard: DashboardPlan::new(&c.dashboard)?,
             data,
             config,
         })

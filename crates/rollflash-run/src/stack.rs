@@ -237,6 +237,9 @@ pub async fn warm_up(
 pub struct StackHooks {
     pub wrap_backend: Option<WrapBackend>,
     pub wrap_env: Option<WrapEnv>,
+    /// Where the proxy reports its backends' busy intervals, pauses and weight loads (the
+    /// dashboard's `timeline.jsonl`).
+    pub timeline: Option<rollflash_rollout::Timeline>,
 }
 
 /// Wraps each backend the stack starts.
@@ -249,6 +252,7 @@ impl std::fmt::Debug for StackHooks {
         f.debug_struct("StackHooks")
             .field("wrap_backend", &self.wrap_backend.is_some())
             .field("wrap_env", &self.wrap_env.is_some())
+            .field("timeline", &self.timeline.is_some())
             .finish()
     }
 }
@@ -358,7 +362,11 @@ impl Stack {
                 max_running_requests: max_running,
             });
         }
-        let proxy = LlmProxy::start(backends, plan.routing.policy(), plan.proxy.clone());
+        let proxy_cfg = rollflash_rollout::ProxyConfig {
+            timeline: hooks.timeline.clone(),
+            ..plan.proxy.clone()
+        };
+        let proxy = LlmProxy::start(backends, plan.routing.policy(), proxy_cfg);
         let (vtx, vrx) = watch::channel(version);
         let mut env_cfg = plan.env_manager.clone();
         env_cfg.sampling.stop_token_ids = policy.tokenizer.eos_token_id().into_iter().collect();

@@ -17,10 +17,11 @@ use rollflash_core::buffer::{Accounting, Batch, BufferConfig, BufferConfigError,
 use rollflash_core::controller::{
     ControllerCore, CoreAction, CoreConfig, CoreEvent, PublishedStep, RunEnd, Waiting,
 };
+use rollflash_core::timeline::{EventKind, TimelineEvent, TRAINER_LANE};
 use rollflash_core::{PauseMode, PolicyVersion, Trajectory};
 use rollflash_rollout::{
     EnvFactory, EnvManager, GroupResult, ProxyError, ProxyHandle, ProxyMetrics, SyncTimings,
-    WeightUpdate,
+    Timeline, WeightUpdate,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -114,6 +115,12 @@ pub trait StepSink<L>: Send {
         learner: &L,
         cursor: Cursor,
     ) -> Result<(), SinkError>;
+
+    /// The batch of step `step` was trained on (called just before its `on_step`): for
+    /// sinks that keep samples of what the model wrote. Does nothing unless overridden.
+    fn on_batch(&mut self, _step: usize, _batch: &Batch<Trajectory>) -> Result<(), SinkError> {
+        Ok(())
+    }
 }
 
 /// A sink that does nothing.
@@ -427,6 +434,8 @@ pub struct AsyncController<L: Learner> {
     resume: Option<ResumeFrom>,
     /// Stop early when this is set.
     stop: Option<StopFlag>,
+    /// Where each training step is reported as a timeline bar.
+    timeline: Option<Timeline>,
 }
 
 impl<L: Learner> std::fmt::Debug for AsyncController<L> {
@@ -489,6 +498,7 @@ impl<L: Learner> AsyncController<L> {
             success_threshold: 1.0,
             resume: None,
             stop: None,
+            timeline: None,
         })
     }
 
@@ -514,6 +524,13 @@ impl<L: Learner> AsyncController<L> {
     /// spawned is still running when it returns.
     pub fn with_stop(mut self, stop: StopFlag) -> Self {
         self.stop = Some(stop);
+        self
+    }
+
+    /// Reports every training step (start, end, version, samples, tokens) to `timeline`,
+    /// on the trainer's lane.
+    pub fn with_timeline(mut self, timeline: Timeline) -> Self {
+        self.timeline = Some(timeline);
         self
     }
 
@@ -585,6 +602,8 @@ impl<L: Learner> AsyncController<L> {
         let mut fleet_open = true;
         let mut stall_reports = Vec::new();
         let mut last_report = Duration::ZERO;
+        // When the running step started (Unix ms), for its timeline bar.
+        let mut train_started = 0u64;
 
         'run: loop {
             while let Some(action) = todo.pop_front() {
@@ -601,6 +620,9 @@ impl<L: Learner> AsyncController<L> {
                         let Some(mut learner) = self.learner.take() else {
                             break 'run;
                         };
+                        if let Some(tl) = &self.timeline {
+                            train_started = tl.now_ms();
+                        }
                         training = Some(tokio::task::spawn_blocking(move || {
                             let out = learner.train(&batch);
                             TrainDone {
@@ -627,6 +649,10 @@ impl<L: Learner> AsyncController<L> {
                             continue;
                         };
                         self.version.send_replace(t.update.version());
+                        if let Err(e) = sink.on_batch(p.step, &t.batch) {
+                            result = Err(e.into());
+                            break 'run;
+                        }
                         let cursor = p.cursor;
                         let record = self.record(*p, t);
                         tracing::info!(
@@ -733,6 +759,19 @@ impl<L: Learner> AsyncController<L> {
                         }
                     };
                     self.learner = Some(done.learner);
+                    if let Some(tl) = &self.timeline {
+                        let tokens = done.batch.groups.iter().flat_map(|g| &g.samples)
+                            .map(|(t, _)| t.response_tokens() as u64).sum();
+                        tl.record(TimelineEvent {
+                            lane: TRAINER_LANE.to_string(),
+                            kind: EventKind::Train,
+                            start_ms: train_started,
+                            end_ms: tl.now_ms(),
+                            version: done.batch.version.0,
+                            count: done.batch.len() as u64,
+                            tokens,
+                        });
+                    }
                     match done.out {
                         Ok((update, stats)) => {
                             trained = Some(Trained {

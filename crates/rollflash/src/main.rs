@@ -4,7 +4,10 @@
 mod cmd;
 mod signal;
 
-use cmd::{bench, bench_engine, bench_proxy, env_serve, eval, generate, serve, sim, train, verify};
+use cmd::{
+    bench, bench_engine, bench_proxy, dashboard, env_serve, eval, generate, serve, sim, train,
+    verify,
+};
 
 use std::path::PathBuf;
 
@@ -35,6 +38,9 @@ enum Command {
     Train(train::TrainArgs),
     /// Held-out greedy accuracy / success rate of a checkpoint on a config's task.
     Eval(eval::EvalArgs),
+    /// Serve the run dashboard of a run directory (curves, timeline, trajectories) from its
+    /// files, until Ctrl-C.
+    Dashboard(dashboard::DashboardArgs),
     /// Rebuild a run's report (`DIR/report/`: plots and report.md) from its metrics.jsonl.
     Report {
         /// The run's output directory.
@@ -89,6 +95,7 @@ fn main() -> Result<()> {
         Command::Train(a) => train::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Report { dir } => eval::report(dir),
+        Command::Dashboard(a) => dashboard::run(a),
         Command::Generate(a) => generate::run(a),
         Command::ConvertGguf { input, output } => {
             rollflash_model::gguf::convert_gguf_to_hf(&input, &output)?;

@@ -6,3 +6,4 @@
 mod buffer;
 mod controller;
 mod proxy;
+mod timeline;

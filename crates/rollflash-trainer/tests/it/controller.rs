@@ -10,10 +10,12 @@ use async_trait::async_trait;
 use rollflash_core::buffer::{Batch, BufferConfig};
 use rollflash_core::controller::Waiting;
 use rollflash_core::proxy::LeastLoaded;
+use rollflash_core::timeline::{EventKind, TimelineEvent, TimelineSink};
 use rollflash_core::{PauseMode, PolicyVersion, SamplingParams, Trajectory};
 use rollflash_env::{Env, EnvError, Reset, Step};
 use rollflash_model::tokenizer::Tokenizer;
 use rollflash_rollout::GroupResult;
+use rollflash_rollout::Timeline;
 use rollflash_rollout::{
     Backend, BackendEntry, EnvFactory, EnvManager, EnvManagerConfig, InstantBackend, LlmProxy,
     ProxyConfig, Renderer, WeightUpdate,
@@ -122,6 +124,10 @@ struct Rollout {
 }
 
 fn rollout(backends: Vec<Arc<InstantBackend>>) -> Rollout {
+    rollout_with(backends, ProxyConfig::default())
+}
+
+fn rollout_with(backends: Vec<Arc<InstantBackend>>, cfg: ProxyConfig) -> Rollout {
     let backends: Vec<BackendEntry> = backends
         .into_iter()
         .map(|b| BackendEntry {
@@ -129,7 +135,7 @@ fn rollout(backends: Vec<Arc<InstantBackend>>) -> Rollout {
             max_running_requests: 16,
         })
         .collect();
-    let proxy = LlmProxy::start(backends, Box::new(LeastLoaded), ProxyConfig::default());
+    let proxy = LlmProxy::start(backends, Box::new(LeastLoaded), cfg);
     let (vtx, vrx) = watch::channel(PolicyVersion(0));
     let envs = EnvManager::new(
         proxy.handle(),
@@ -467,6 +473,105 @@ async fn a_weight_sync_no_backend_can_load_stops_the_run_as_stalled() {
         "no environment outlives the run"
     );
     r.proxy.shutdown().await.unwrap();
+}
+
+/// Timeline events kept in memory.
+#[derive(Default)]
+struct Recorded(std::sync::Mutex<Vec<TimelineEvent>>);
+
+impl TimelineSink for Recorded {
+    fn record(&self, event: TimelineEvent) {
+        self.0.lock().unwrap().push(event);
+    }
+}
+
+/// The synchronous baseline's timeline, as the proxy and the controller report it: a train
+/// bar per step, a pause and a weight load per backend per step, generation on both
+/// backends, and no generation overlapping a training step (the picture the baseline
+/// draws).
+#[tokio::test(start_paused = true)]
+async fn the_timeline_shows_every_step_sync_and_pause_and_the_baseline_never_overlaps() {
+    let rec = Arc::new(Recorded::default());
+    let timeline = Timeline::new(Arc::clone(&rec) as Arc<dyn TimelineSink>);
+    let backends = (0..2)
+        .map(|i| {
+            Arc::new(InstantBackend::with_delay(
+                format!("i{i}"),
+                Duration::from_millis(5),
+            ))
+        })
+        .collect();
+    let r = rollout_with(
+        backends,
+        ProxyConfig {
+            timeline: Some(timeline.clone()),
+            ..Default::default()
+        },
+    );
+    let buffer = BufferConfig {
+        groups_per_batch: 2,
+        group_size: 4,
+        alpha: 0.0,
+        extra_groups: 0,
+        barrier: true,
+        ..Default::default()
+    };
+    let learner = CheckingLearner {
+        cfg: buffer.clone(),
+        seen: Arc::default(),
+        stop_at: None,
+    };
+    let ctl = AsyncController::new(
+        ControllerConfig {
+            buffer,
+            steps: 3,
+            seed: 1,
+            ..Default::default()
+        },
+        r.proxy.handle(),
+        r.envs,
+        r.make_env,
+        r.version,
+        learner,
+    )
+    .unwrap()
+    .with_timeline(timeline);
+    let report = ctl.run().await.unwrap();
+    r.proxy.shutdown().await.unwrap();
+    let ev = rec.0.lock().unwrap().clone();
+    let of = |k: EventKind| ev.iter().filter(move |e| e.kind == k);
+    let train: Vec<_> = of(EventKind::Train).collect();
+    assert_eq!(train.len(), 3);
+    for (i, t) in train.iter().enumerate() {
+        assert_eq!(
+            (t.lane.as_str(), t.version, t.count),
+            ("trainer", i as u64, 8)
+        );
+    }
+    assert_eq!(of(EventKind::Sync).count(), 3 * 2);
+    assert!(of(EventKind::Sync).all(|e| e.count == 1));
+    assert_eq!(of(EventKind::Pause).count(), 3 * 2);
+    let generate: Vec<_> = of(EventKind::Generate).collect();
+    for lane in ["i0", "i1"] {
+        assert!(
+            generate.iter().any(|e| e.lane == lane),
+            "no generation on {lane}"
+        );
+    }
+    // Every trained sample's request finished inside some busy interval.
+    let finished: u64 = generate.iter().map(|e| e.count).sum();
+    assert!(
+        finished >= report.accounting.trained,
+        "{finished} requests in the bars"
+    );
+    for g in &generate {
+        for t in &train {
+            assert!(
+                g.end_ms <= t.start_ms || g.start_ms >= t.end_ms,
+                "the baseline generated while it trained: {g:?} {t:?}"
+            );
+        }
+    }
 }
 
 /// Groups that never finish: a wedged environment fleet, as the controller sees it.

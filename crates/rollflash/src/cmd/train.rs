@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use rollflash_dashboard::Live;
 use rollflash_run::config::TrainConfig;
 use rollflash_run::pipeline::{PipelineError, Resume, RunOptions};
 use rollflash_run::plan::RunPlan;
@@ -37,10 +38,21 @@ pub struct TrainArgs {
     /// Serve Prometheus metrics here during the run (overrides `metrics.prometheus`).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<SocketAddr>,
+    /// Serve the live dashboard here during the run, e.g. `127.0.0.1:8686` (overrides
+    /// `dashboard.addr`; port 0 picks a free one, printed as `dashboard: http://…/`).
+    /// Beyond loopback it needs an API key (`dashboard.api_key_env` or ROLLFLASH_API_KEY).
+    #[arg(long, value_name = "ADDR")]
+    dashboard: Option<SocketAddr>,
+    /// Keep serving the dashboard after the run ends, until Ctrl-C.
+    #[arg(long, requires = "dashboard")]
+    dashboard_keep: bool,
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
-    let cfg = TrainConfig::load(a.config.as_deref(), &a.sets)?;
+    let mut cfg = TrainConfig::load(a.config.as_deref(), &a.sets)?;
+    if a.dashboard.is_some() {
+        cfg.dashboard.addr = a.dashboard;
+    }
     let plan = RunPlan::new(cfg.clone())?;
     if a.dry_run {
         print!("{}", cfg.to_toml()?);
@@ -84,7 +96,14 @@ pub fn run(a: TrainArgs) -> Result<()> {
         metrics_addr: a.metrics_addr,
         metrics_bound: None,
         stop: StopFlag::new(),
+        live: plan.dashboard.addr.map(|_| Live::default()),
     };
+    let dash = plan
+        .dashboard
+        .addr
+        .map(|addr| (addr, plan.dashboard.api_key.clone()));
+    let out_dir = cfg.output_dir.clone();
+    let live = opts.live.clone();
     let stop = opts.stop.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -92,9 +111,26 @@ pub fn run(a: TrainArgs) -> Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     let outcome = rt.block_on(async {
-        tokio::spawn(watch_signals(stop));
-        rollflash_run::pipeline::run_plan(plan, opts).await
-    });
+        tokio::spawn(watch_signals(stop.clone()));
+        // Up with the run: the page shows the warm-up and the first evaluation too.
+        let server = match dash {
+            Some((addr, key)) => {
+                std::fs::create_dir_all(&out_dir)
+                    .with_context(|| format!("cannot create {}", out_dir.display()))?;
+                Some(crate::cmd::dashboard::start(addr, key, out_dir, live).await?)
+            }
+            None => None,
+        };
+        let outcome = rollflash_run::pipeline::run_plan(plan, opts).await;
+        if let Some(d) = server {
+            if a.dashboard_keep && outcome.is_ok() && !stop.is_stopped() {
+                println!("run finished; the dashboard stays up until Ctrl-C");
+                stop.stopped().await;
+            }
+            d.shutdown().await;
+        }
+        anyhow::Ok(outcome)
+    })?;
     // Nothing the run started may outlive it: the runtime's drop waits for blocking work.
     drop(rt);
     let summary = match outcome {

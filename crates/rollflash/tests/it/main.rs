@@ -9,6 +9,7 @@ mod bad_models;
 mod bench_rl;
 mod config;
 mod crash;
+mod dashboard;
 mod dataset;
 mod env_serve;
 mod eval;

@@ -1,0 +1,227 @@
+//! A run directory as the dashboard reads it, and the two files it adds to one:
+//! `timeline.jsonl` ([`TimelineLog`], one [`TimelineEvent`] a line) and `trajectories.jsonl`
+//! ([`TrajectoryLog`], one [`TrajectoryRecord`] a line). `metrics.jsonl` and `summary.json`
+//! are the run crate's; they are read here as plain JSON.
+//!
+//! Every file is appended a whole line at a time and flushed, so a reader during the run
+//! sees complete lines, except perhaps a last one being written: a last line without its
+//! newline is skipped (the next read has it). Any other line that does not parse is an
+//! error naming the file and the line.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rollflash_core::timeline::{TimelineEvent, TimelineSink};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::trajectories::TrajectoryRecord;
+
+/// The per-step metrics the run appends.
+pub const METRICS_FILE: &str = "metrics.jsonl";
+/// Timeline events.
+pub const TIMELINE_FILE: &str = "timeline.jsonl";
+/// Sampled trajectories.
+pub const TRAJECTORIES_FILE: &str = "trajectories.jsonl";
+/// What a finished run adds (evaluations before and after, totals).
+pub const SUMMARY_FILE: &str = "summary.json";
+
+/// A run directory's file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line that is not the record the file holds.
+    #[error("{} line {line}: {source}", path.display())]
+    Malformed {
+        path: PathBuf,
+        /// 1-based.
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Reads a JSON-lines file; a missing file is empty (the run has not written it yet).
+pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, FileError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(FileError::Io {
+                what: "cannot read",
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let complete = text.ends_with('\n');
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str(line) {
+            Ok(v) => out.push(v),
+            // The line the run is writing right now.
+            Err(_) if i + 1 == lines.len() && !complete => {}
+            Err(source) => {
+                return Err(FileError::Malformed {
+                    path: path.to_path_buf(),
+                    line: i + 1,
+                    source,
+                })
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The files of one run directory.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    root: PathBuf,
+}
+
+impl RunDir {
+    /// The run writing (or having written) to `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        RunDir { root: root.into() }
+    }
+
+    /// The directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `metrics.jsonl`: one JSON object per step.
+    pub fn metrics(&self) -> Result<Vec<Value>, FileError> {
+        read_jsonl(&self.root.join(METRICS_FILE))
+    }
+
+    /// `timeline.jsonl`.
+    pub fn timeline(&self) -> Result<Vec<TimelineEvent>, FileError> {
+        read_jsonl(&self.root.join(TIMELINE_FILE))
+    }
+
+    /// `trajectories.jsonl`.
+    pub fn trajectories(&self) -> Result<Vec<TrajectoryRecord>, FileError> {
+        read_jsonl(&self.root.join(TRAJECTORIES_FILE))
+    }
+
+    /// `summary.json`, once the run has finished.
+    pub fn summary(&self) -> Result<Option<Value>, FileError> {
+        let path = self.root.join(SUMMARY_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(t) => serde_json::from_str(&t)
+                .map(Some)
+                .map_err(|source| FileError::Malformed {
+                    path,
+                    line: 1,
+                    source,
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(FileError::Io {
+                what: "cannot read",
+                path,
+                source,
+            }),
+        }
+    }
+}
+
+/// A JSON-lines file open for appending, one flushed line per record.
+#[derive(Debug)]
+struct Appender {
+    path: PathBuf,
+    file: Mutex<std::fs::File>,
+}
+
+impl Appender {
+    /// Opens `path`: truncated for a new run, appended to when `append` (a resumed one).
+    fn open(path: PathBuf, append: bool) -> Result<Self, FileError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&path)
+            .map_err(|source| FileError::Io {
+                what: "cannot write",
+                path: path.clone(),
+                source,
+            })?;
+        Ok(Appender {
+            path,
+            file: Mutex::new(file),
+        })
+    }
+
+    fn append(&self, v: &impl serde::Serialize) -> Result<(), FileError> {
+        let err = |source| FileError::Io {
+            what: "cannot write",
+            path: self.path.clone(),
+            source,
+        };
+        let mut line = serde_json::to_vec(v).map_err(|e| err(std::io::Error::other(e)))?;
+        line.push(b'\n');
+        // One write call per line: a reader sees whole lines or a torn last one.
+        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        f.write_all(&line).and_then(|()| f.flush()).map_err(err)
+    }
+}
+
+/// `timeline.jsonl`, written as the drivers report events. A failed write is logged once
+/// and the run goes on: the timeline is for watching, not for resuming.
+#[derive(Debug)]
+pub struct TimelineLog {
+    out: Appender,
+    warned: std::sync::atomic::AtomicBool,
+}
+
+impl TimelineLog {
+    /// Creates (or, when `append`, continues) `dir/timeline.jsonl`.
+    pub fn create(dir: &Path, append: bool) -> Result<Self, FileError> {
+        Ok(TimelineLog {
+            out: Appender::open(dir.join(TIMELINE_FILE), append)?,
+            warned: false.into(),
+        })
+    }
+}
+
+impl TimelineSink for TimelineLog {
+    fn record(&self, event: TimelineEvent) {
+        if let Err(e) = self.out.append(&event) {
+            if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(error = %e, "timeline not written; the run goes on");
+            }
+        }
+    }
+}
+
+/// `trajectories.jsonl`.
+#[derive(Debug)]
+pub struct TrajectoryLog {
+    out: Appender,
+}
+
+impl TrajectoryLog {
+    /// Creates (or, when `append`, continues) `dir/trajectories.jsonl`.
+    pub fn create(dir: &Path, append: bool) -> Result<Self, FileError> {
+        Ok(TrajectoryLog {
+            out: Appender::open(dir.join(TRAJECTORIES_FILE), append)?,
+        })
+    }
+
+    /// Appends records.
+    pub fn append(&self, records: &[TrajectoryRecord]) -> Result<(), FileError> {
+        records.iter().try_for_each(|r| self.out.append(r))
+    }
+}
