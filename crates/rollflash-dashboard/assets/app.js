@@ -16,7 +16,7 @@ const CURVES = [
   ["Entropy", ["entropy"]],
   ["KL", ["approx_kl", "kl_ref", "kl_reward"]],
   ["Behaviour–proximal mismatch", ["behav_kl", "behav_cap_frac"]],
-  ["Importance ratio (mean)", ["ratio_mean"]],
+  ["Importance ratio (mean per token, per sequence)", ["ratio_mean_token", "ratio_mean_seq"]],
   ["Clip fraction", ["clip_frac"]],
   ["Gradient norm", ["grad_norm"]],
   ["Loss", ["loss", "pg_loss"]],
