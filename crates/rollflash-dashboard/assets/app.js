@@ -65,7 +65,12 @@ function ticks(lo, hi, n, integer) {
   for (const m of [1, 2, 5, 10]) { if (span / (step * m) <= n) { step *= m; break; } }
   if (integer) step = Math.max(1, Math.round(step));
   const out = [];
-  for (let t = Math.ceil(lo / step) * step; t <= hi + 1e-9; t += step) out.push(t);
+  // Bounded: a span below the values' float resolution (a ratio of 1 ± 1e-16) would make
+  // `t += step` a no-op and this loop endless.
+  for (let t = Math.ceil(lo / step) * step; t <= hi + 1e-9 && out.length < 50; t += step) {
+    out.push(t);
+    if (t + step === t) break;
+  }
   return out;
 }
 
@@ -77,7 +82,10 @@ function lineChart(title, series, xInteger) {
   let [x0, x1] = [Math.min(...all.map(p => p[0])), Math.max(...all.map(p => p[0]))];
   let [y0, y1] = [Math.min(...all.map(p => p[1])), Math.max(...all.map(p => p[1]))];
   if (x0 === x1) { x0 -= 1; x1 += 1; }
-  if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
+  // Equal, or equal up to rounding (1 and 1 + 2e-16): widen around the value.
+  if (y1 - y0 <= 1e-9 * Math.max(Math.abs(y0), Math.abs(y1))) {
+    y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1;
+  }
   const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
   const sx = x => L + (x - x0) / (x1 - x0) * (W - L - R);
   const sy = y => H - B - (y - y0) / (y1 - y0) * (H - T - B);

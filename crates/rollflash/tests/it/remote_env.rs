@@ -166,6 +166,7 @@ async fn a_killed_env_server_costs_its_trajectories_and_a_down_one_is_named() {
     let t0 = std::time::Instant::now();
     while std::fs::read_to_string(&metrics).map_or(true, |m| m.lines().count() < 1) {
         assert!(t0.elapsed() < Duration::from_secs(300), "no first step");
+        assert!(!run.is_finished(), "the run ended before its first step");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     server.child.kill().await.expect("kill");
@@ -198,8 +199,10 @@ async fn an_env_server_that_stays_down_stops_the_run_with_a_checkpoint() {
             &url,
             4,
             &[
-                "controller.progress_timeout_secs=3",
-                "env.remote.timeout_secs=1",
+                // Long enough that a loaded machine (the whole suite at once) makes its
+                // first step; the test then waits this long after the kill.
+                "controller.progress_timeout_secs=15",
+                "env.remote.timeout_secs=5",
             ],
         ),
     )
