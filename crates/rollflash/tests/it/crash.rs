@@ -23,18 +23,7 @@ fn check_metrics(dir: &Path, steps: usize) {
     let got: Vec<u64> = m.iter().map(|r| r["step"].as_u64().unwrap()).collect();
     assert_eq!(got, (0..steps as u64).collect::<Vec<_>>(), "metrics steps");
     let last: &Value = m.last().unwrap();
-    let n = |k: &str| last[k].as_u64().unwrap();
-    assert_eq!(
-        n("started"),
-        n("trained")
-            + n("filtered")
-            + n("dropped_stale")
-            + n("aborted")
-            + n("failed")
-            + n("running")
-            + n("buffered"),
-        "accounting: {last}"
-    );
+    crate::util::assert_balanced(last, "last step");
 }
 
 fn tmp_dirs(root: &Path) -> Vec<String> {

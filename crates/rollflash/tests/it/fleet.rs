@@ -221,17 +221,7 @@ fn a_run_on_two_servers_survives_losing_one_and_ends_with_the_other_at_the_final
     let mut trained = 0;
     for (i, s) in m.iter().enumerate() {
         let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("step {i}: no {k}"));
-        assert_eq!(
-            n("started"),
-            n("trained")
-                + n("filtered")
-                + n("dropped_stale")
-                + n("aborted")
-                + n("failed")
-                + n("running")
-                + n("buffered"),
-            "step {i}: accounting unbalanced: {s}"
-        );
+        crate::util::assert_balanced(s, &format!("step {i}"));
         trained += n("samples");
         assert_eq!(
             n("trained"),
@@ -381,17 +371,7 @@ fn a_fleet_that_all_goes_down_continues_on_a_server_that_comes_back() {
     let mut trained = 0;
     for (i, s) in m.iter().enumerate() {
         let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("step {i}: no {k}"));
-        assert_eq!(
-            n("started"),
-            n("trained")
-                + n("filtered")
-                + n("dropped_stale")
-                + n("aborted")
-                + n("failed")
-                + n("running")
-                + n("buffered"),
-            "step {i}: accounting unbalanced: {s}"
-        );
+        crate::util::assert_balanced(s, &format!("step {i}"));
         trained += n("samples");
         assert_eq!(
             n("trained"),
@@ -523,18 +503,7 @@ fn a_server_that_stops_answering_costs_request_deadlines_not_a_hang() {
     );
     assert_eq!(m.len() as u64, STEPS, "every step recorded");
     let last = m.last().unwrap();
-    let n = |k: &str| last[k].as_u64().unwrap();
-    assert_eq!(
-        n("started"),
-        n("trained")
-            + n("filtered")
-            + n("dropped_stale")
-            + n("aborted")
-            + n("failed")
-            + n("running")
-            + n("buffered"),
-        "accounting: {last}"
-    );
+    crate::util::assert_balanced(last, "last step");
     // The held server missed the syncs after it went quiet; the other one served them all.
     assert_eq!(served_version(&a.url), STEPS);
     let synced_late = m.iter().skip(2).any(|s| {

@@ -139,16 +139,7 @@ async fn a_resumed_run_ends_where_the_uninterrupted_one_does() {
     let last = mb.last().unwrap();
     let n = |k: &str| last[k].as_u64().unwrap();
     assert_eq!(n("trained"), (N * 8) as u64);
-    assert_eq!(
-        n("started"),
-        n("trained")
-            + n("filtered")
-            + n("dropped_stale")
-            + n("aborted")
-            + n("failed")
-            + n("running")
-            + n("buffered")
-    );
+    crate::util::assert_balanced(last, "last step");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

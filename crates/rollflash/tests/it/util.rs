@@ -21,3 +21,27 @@ pub fn tiny_lake_sets(dir: &std::path::Path) -> Vec<String> {
     ]
     .into()
 }
+
+/// Asserts the sample accounting of one `metrics.jsonl` record adds up: started = trained +
+/// filtered + dropped-stale + aborted + failed + running + buffered.
+pub fn assert_balanced(row: &serde_json::Value, what: &str) {
+    let n = |k: &str| {
+        row[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{what}: no {k} in {row}"))
+    };
+    let ended = [
+        "trained",
+        "filtered",
+        "dropped_stale",
+        "aborted",
+        "failed",
+        "running",
+        "buffered",
+    ];
+    assert_eq!(
+        n("started"),
+        ended.iter().map(|k| n(k)).sum::<u64>(),
+        "{what}: accounting unbalanced: {row}"
+    );
+}
