@@ -693,10 +693,36 @@ fn messages_json(col: &dyn Array, i: usize) -> Value {
     Value::Array(out)
 }
 
+/// Row `i` of a list column whose items are strings, numbers or booleans, as a JSON array
+/// (a countdown row's `numbers`, a list of tags): `None` for lists of other item types
+/// (structs, nested lists, binary), which a record does not carry.
+fn scalar_list_json(col: &dyn Array, i: usize) -> Option<Value> {
+    let item_type = match col.data_type() {
+        DataType::List(f) | DataType::LargeList(f) => f.data_type(),
+        _ => return None,
+    };
+    if !(is_string_type(item_type) || is_number_type(item_type) || *item_type == DataType::Boolean)
+    {
+        return None;
+    }
+    if col.is_null(i) {
+        return Some(Value::Null);
+    }
+    let items = match col.data_type() {
+        DataType::List(_) => col.as_list_opt::<i32>().map(|l| l.value(i)),
+        _ => col.as_list_opt::<i64>().map(|l| l.value(i)),
+    }?;
+    Some(Value::Array(
+        (0..items.len())
+            .map(|r| cell(items.as_ref(), r).map_or(Value::Null, Cell::into_json))
+            .collect(),
+    ))
+}
+
 /// Loads a Parquet file. The prompt column must be a string column (`Utf8`, `LargeUtf8`,
 /// `Utf8View`); the answer column a string or integer/float column (numbers become text).
-/// Other columns of string, number or boolean type go to [`Record::extra`]; columns of other
-/// types (lists, structs, binary) are skipped.
+/// Other columns of string, number or boolean type, and lists of those, go to
+/// [`Record::extra`]; columns of other types (structs, nested lists, binary) are skipped.
 pub fn load_parquet(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError> {
     cfg.validate()?;
     let path = cfg.path.as_path();
@@ -765,6 +791,12 @@ pub fn load_parquet(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError
                     continue;
                 }
                 let Some(value) = cell(col.as_ref(), i) else {
+                    if c != prompt_idx && c != answer_idx {
+                        if let Some(list) = scalar_list_json(col.as_ref(), i) {
+                            size = size.saturating_add(list.to_string().len());
+                            extra.insert(schema.field(c).name().clone(), list);
+                        }
+                    }
                     continue;
                 };
                 size = size.saturating_add(value.size());

@@ -206,6 +206,11 @@ pub struct WarmupSection {
     pub random_move_prob: f64,
     /// Reuse a warm-up checkpoint from an earlier run with the same settings.
     pub cache: bool,
+    /// Where warm-up results are cached, shared by every run (each result under a key of
+    /// its settings). Default: `$ROLLFLASH_CACHE_DIR/warmup`, else
+    /// `$XDG_CACHE_HOME/rollflash/warmup`, else `~/.cache/rollflash/warmup`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// Generation and environment loop settings.
@@ -457,6 +462,7 @@ impl Default for WarmupSection {
             unmarked_fraction: 0.5,
             random_move_prob: 0.0,
             cache: true,
+            cache_dir: None,
         }
     }
 }

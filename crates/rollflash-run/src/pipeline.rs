@@ -265,7 +265,11 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
                 "warm-up: skipped (warm-up data exists for math and frozen_lake; env is `{env}`)"
             ),
             WarmedUp::Reused(dir) => println!("warm-up: reused {}", dir.display()),
-            WarmedUp::Skipped | WarmedUp::Ran => {}
+            WarmedUp::Ran { stale: Some(dir) } => println!(
+                "warm-up: replaced {} (made by a build whose arithmetic differs from this one's)",
+                dir.display()
+            ),
+            WarmedUp::Skipped | WarmedUp::Ran { stale: None } => {}
         }
     }
 

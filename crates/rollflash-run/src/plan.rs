@@ -541,11 +541,29 @@ fn warmup_plan(c: &TrainConfig) -> WarmupPlan {
     }
     match c.env.spec().map(|s| &s.env) {
         Some(EnvConfig::Math(_) | EnvConfig::FrozenLake(_)) => WarmupPlan::Run {
-            cache: c
-                .output_dir
+            cache: warmup_cache_root(c)
                 .join(format!("warmup-{:016x}", crate::warmup::cache_key(c))),
             reuse: c.warmup.cache,
         },
         _ => WarmupPlan::Unsupported { env: c.env.name() },
     }
+}
+
+/// The folder warm-up results are cached in: `warmup.cache_dir`, else the user's cache
+/// folder (`$ROLLFLASH_CACHE_DIR/warmup`, `$XDG_CACHE_HOME/rollflash/warmup`,
+/// `~/.cache/rollflash/warmup`), so every run with the same settings shares one result
+/// whatever its `output_dir`; with none of those set, the run's own `output_dir`.
+fn warmup_cache_root(c: &TrainConfig) -> PathBuf {
+    if let Some(dir) = &c.warmup.cache_dir {
+        return dir.clone();
+    }
+    let var = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("ROLLFLASH_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("rollflash")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache").join("rollflash")))
+        .map_or_else(|| c.output_dir.clone(), |d| d.join("warmup"))
 }

@@ -176,8 +176,9 @@ pub enum WarmedUp {
     Unsupported { env: &'static str },
     /// The cached result was loaded.
     Reused(std::path::PathBuf),
-    /// It ran (and was cached when the plan says so).
-    Ran,
+    /// It ran (and was cached when the plan says so). `stale` names a cached result of the
+    /// same settings that this build did not reuse: another build's arithmetic made it.
+    Ran { stale: Option<std::path::PathBuf> },
 }
 
 /// Runs the supervised warm-up the plan asks for on `model` (the math task's worked
@@ -194,15 +195,30 @@ pub async fn warm_up(
         WarmupPlan::Run { cache, reuse } => (cache, *reuse),
     };
     let cfg = &plan.config;
-    if reuse && cache.join("model.safetensors").exists() {
-        let w = rollflash_model::hf::load_weights(cache, &plan.placement.device)?;
-        *model = TrainableModel::new(
-            &policy.model_cfg,
-            &w,
-            plan.placement.dtype,
-            &plan.placement.device,
-        )?;
-        return Ok(WarmedUp::Reused(cache.clone()));
+    let fingerprint = if reuse {
+        let f = tokio::task::block_in_place(|| {
+            crate::warmup::numerics_fingerprint(model, &policy.model_cfg)
+        })?;
+        Some(format!("{f:016x}"))
+    } else {
+        None
+    };
+    let mut stale = None;
+    if let Some(f) = &fingerprint {
+        if cache.join("model.safetensors").exists() {
+            let made_by = std::fs::read_to_string(cache.join(FINGERPRINT_FILE)).unwrap_or_default();
+            if made_by.trim() == f {
+                let w = rollflash_model::hf::load_weights(cache, &plan.placement.device)?;
+                *model = TrainableModel::new(
+                    &policy.model_cfg,
+                    &w,
+                    plan.placement.dtype,
+                    &plan.placement.device,
+                )?;
+                return Ok(WarmedUp::Reused(cache.clone()));
+            }
+            stale = Some(cache.clone());
+        }
     }
     match plan.env.train_spec().map(|s| &s.env) {
         Some(EnvConfig::Math(task_cfg)) => {
@@ -220,15 +236,51 @@ pub async fn warm_up(
             })
         }
     }
-    if reuse {
-        rollflash_model::hf::save_dir(
-            cache,
-            &policy.model_cfg,
-            &model.weights(),
-            Some(&policy.tokenizer),
-        )?;
+    if let Some(f) = &fingerprint {
+        save_warmup(cache, f, policy, model)?;
     }
-    Ok(WarmedUp::Ran)
+    Ok(WarmedUp::Ran { stale })
+}
+
+/// The file of a cached warm-up that holds the fingerprint of the build that made it.
+const FINGERPRINT_FILE: &str = "numerics-fingerprint.txt";
+
+/// Writes a warm-up result to `cache` whole or not at all: into a temporary sibling first,
+/// then renamed over whatever was there, so a run killed mid-write, or two runs warming up
+/// the same settings at once, never leave a half-written result that a later run reuses.
+fn save_warmup(
+    cache: &Path,
+    fingerprint: &str,
+    policy: &Policy,
+    model: &TrainableModel,
+) -> Result<(), WarmupError> {
+    let io = |path: &Path, source| {
+        WarmupError::Model(rollflash_model::ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    let name = cache
+        .file_name()
+        .map_or_else(|| "warmup".into(), |n| n.to_string_lossy().into_owned());
+    let parent = cache.parent().unwrap_or(Path::new("."));
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    rollflash_model::hf::save_dir(
+        &tmp,
+        &policy.model_cfg,
+        &model.weights(),
+        Some(&policy.tokenizer),
+    )?;
+    let fp = tmp.join(FINGERPRINT_FILE);
+    std::fs::write(&fp, format!("{fingerprint}\n")).map_err(|e| io(&fp, e))?;
+    if cache.exists() {
+        std::fs::rename(cache, &old).map_err(|e| io(cache, e))?;
+    }
+    std::fs::rename(&tmp, cache).map_err(|e| io(cache, e))?;
+    let _ = std::fs::remove_dir_all(&old);
+    Ok(())
 }
 
 /// How a caller changes the stack (benchmarks measure one mechanism at a time): each

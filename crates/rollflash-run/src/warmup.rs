@@ -90,19 +90,83 @@ pub fn run(
     Ok(())
 }
 
-/// Identifies a warm-up result: same seed, warm-up settings, task and model source.
+/// Identifies a warm-up result: same seed, warm-up settings, task, model source and
+/// rollflash version. (Where the result is kept is not part of it; nor is the arithmetic of
+/// this build, which [`numerics_fingerprint`] checks when the result is reused.)
 pub fn cache_key(cfg: &TrainConfig) -> u64 {
+    let mut w = cfg.warmup.clone();
+    w.cache_dir = None;
     let text = format!(
-        "{}|{:?}|{}|{:?}",
+        "{}|{}|{:?}|{}|{:?}",
+        env!("CARGO_PKG_VERSION"),
         cfg.seed,
-        cfg.warmup,
+        w,
         serde_json::to_string(&cfg.env.spec().map(|s| &s.env)).unwrap_or_default(),
         cfg.model.path
     );
-    // FNV-1a: stable across runs and Rust versions, unlike `DefaultHasher`.
-    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    let mut h = Fnv::new();
+    h.bytes(text.as_bytes());
+    h.0
+}
+
+/// A fingerprint of this build's arithmetic on this machine: the bits of the loss and of
+/// every weight after one supervised AdamW step from `model`'s weights (copied; `model` is
+/// not changed) on a fixed sequence. A cached warm-up is reused only under the same
+/// fingerprint: a build whose kernels, initialisation or optimizer round differently (another
+/// version of the code, AVX2 instead of AVX-512) would not have produced it.
+pub fn numerics_fingerprint(
+    model: &TrainableModel,
+    model_cfg: &rollflash_model::config::ModelConfig,
+) -> Result<u64, WarmupError> {
+    let device = model.model().device().clone();
+    let dtype = model.model().dtype();
+    let copy = TrainableModel::new(model_cfg, &model.weights(), dtype, &device)?;
+    let vocab = model_cfg.vocab_size.max(1) as u32;
+    let seq: Vec<u32> = (0..24u32).map(|i| (i * 7 + 3) % vocab).collect();
+    let mask: Vec<f32> = (0..seq.len())
+        .map(|i| if i > 0 { 1.0 } else { 0.0 })
+        .collect();
+    let mut opt = AdamW::new(OptimizerConfig {
+        lr: 1e-3,
+        ..Default::default()
+    });
+    let loss = rollflash_trainer::supervised_step(&copy, &mut opt, &[&seq], &mask, &device)?;
+    let mut h = Fnv::new();
+    h.word(u64::from(loss.to_bits()));
+    let weights = copy.weights();
+    let mut names = weights.names();
+    names.sort_unstable();
+    for name in names {
+        h.bytes(name.as_bytes());
+        if let Some(t) = weights.tensors().get(name) {
+            let values = t
+                .flatten_all()
+                .and_then(|t| t.to_dtype(candle_core::DType::F32))
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(rollflash_model::ModelError::from)?;
+            for v in values {
+                h.word(u64::from(v.to_bits()));
+            }
+        }
+    }
+    Ok(h.0)
+}
+
+/// FNV-1a: stable across runs and Rust versions, unlike `DefaultHasher`.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn word(&mut self, w: u64) {
+        self.bytes(&w.to_le_bytes());
+    }
 }
 
 /// A worked solution without its final `#### answer` part (`12+7=19 19+30=49`).

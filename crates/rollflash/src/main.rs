@@ -76,7 +76,7 @@ enum Command {
     Verify(verify::VerifyArgs),
 }
 
-fn main() -> Result<()> {
+fn main() -> std::result::Result<(), ErrorReport> {
     // candle parallelises elementwise ops on its own spin-waiting pool, which on a few cores
     // fights the matmul threads and slows small ops 2-3x; our engines and trainer already get
     // their parallelism from explicit rayon pools. Must run before the first candle op.
@@ -91,16 +91,16 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    match cli.command {
+    let result: Result<()> = match cli.command {
         Command::Train(a) => train::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Report { dir } => eval::report(dir),
         Command::Dashboard(a) => dashboard::run(a),
         Command::Generate(a) => generate::run(a),
         Command::ConvertGguf { input, output } => {
-            rollflash_model::gguf::convert_gguf_to_hf(&input, &output)?;
-            println!("wrote {}", output.display());
-            Ok(())
+            rollflash_model::gguf::convert_gguf_to_hf(&input, &output)
+                .map(|()| println!("wrote {}", output.display()))
+                .map_err(Into::into)
         }
         Command::Bench(a) => bench::run(a),
         Command::BenchEngine(a) => bench_engine::run(a),
@@ -109,6 +109,33 @@ fn main() -> Result<()> {
         Command::EnvServe(a) => env_serve::run(a),
         Command::Sim(a) => sim::run(a),
         Command::Verify(a) => verify::run(a),
+    };
+    result.map_err(ErrorReport)
+}
+
+/// How a failed command is printed: the message, then each cause that adds something. Our
+/// library errors often show their source in their own message (`model: missing model
+/// directory: /nope`), and a cause already said is not repeated under "Caused by".
+struct ErrorReport(anyhow::Error);
+
+impl std::fmt::Debug for ErrorReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut said = self.0.to_string();
+        write!(f, "{said}")?;
+        let mut first = true;
+        for cause in self.0.chain().skip(1) {
+            let text = cause.to_string();
+            if said.contains(&text) {
+                continue;
+            }
+            if first {
+                write!(f, "\n\nCaused by:")?;
+                first = false;
+            }
+            write!(f, "\n    {text}")?;
+            said.push_str(&text);
+        }
+        Ok(())
     }
 }
 

@@ -238,6 +238,29 @@ fn parquet_loads_strings_and_numeric_answers() {
     // Columns of other types are skipped whole, null or not.
     assert!(ds.records().iter().all(|r| !r.extra.contains_key("blob")));
 
+    // Lists of scalars become JSON arrays (nulls inside and a null row kept as null).
+    let mut tags =
+        arrow_array::builder::ListBuilder::new(arrow_array::builder::StringBuilder::new());
+    tags.values().append_value("easy");
+    tags.values().append_null();
+    tags.append(true);
+    tags.append(false);
+    let path = write_parquet(
+        &dir,
+        "lists.parquet",
+        vec![
+            (
+                "prompt",
+                Arc::new(StringArray::from(vec!["a", "b"])) as ArrayRef,
+            ),
+            ("answer", Arc::new(StringArray::from(vec!["1", "2"]))),
+            ("tags", Arc::new(tags.finish())),
+        ],
+    );
+    let ds = load(&cfg(&path)).unwrap();
+    assert_eq!(ds.get(0).unwrap().extra["tags"], json!(["easy", null]));
+    assert_eq!(ds.get(1).unwrap().extra["tags"], json!(null));
+
     let path = write_parquet(
         &dir,
         "large.parquet",

@@ -658,6 +658,60 @@ async fn countdown_rows_are_scored_by_the_countdown_check() {
     config_err(&m, &["numbers", "countdown"]);
 }
 
+/// A Parquet countdown file stores its numbers as a list column (`list<int64>`, as
+/// `pandas.to_parquet` writes a column of lists): the list reaches the countdown check.
+#[tokio::test]
+async fn countdown_numbers_from_a_parquet_list_column() {
+    use arrow_array::builder::{Int64Builder, ListBuilder};
+    use rollflash_env::envs::dataset::DatasetReward;
+    let dir = tempfile::tempdir().unwrap();
+    let mut nums = ListBuilder::new(Int64Builder::new());
+    for row in [[3i64, 5, 7], [2, 4, 9]] {
+        nums.values().append_slice(&row);
+        nums.append(true);
+    }
+    let batch = RecordBatch::try_from_iter([
+        (
+            "q",
+            Arc::new(StringArray::from(vec!["make 22", "make 17"])) as ArrayRef,
+        ),
+        (
+            "target",
+            Arc::new(Int64Array::from(vec![22, 17])) as ArrayRef,
+        ),
+        ("nums", Arc::new(nums.finish()) as ArrayRef),
+    ])
+    .unwrap();
+    let path = dir.path().join("cd.parquet");
+    let mut w =
+        ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
+    c.prompt = "q".into();
+    c.answer = "target".into();
+    c.reward = DatasetReward::Countdown;
+    c.numbers = Some("nums".into());
+    let mut env = DatasetEnv::new(&c).unwrap();
+    for seed in 0..2 {
+        let r = env.reset(seed).await.unwrap();
+        let right = if r.observation.contains("22") {
+            "3*5+7"
+        } else {
+            "2*4+9"
+        };
+        let s = env
+            .step(&format!("<answer>{right}</answer>"))
+            .await
+            .unwrap();
+        assert_eq!(s.reward, 1.0, "{right}");
+        env.reset(seed).await.unwrap();
+        // A number the row does not have is refused: the list really is the row's.
+        let s = env.step("<answer>11*2</answer>").await.unwrap();
+        assert_eq!(s.reward, 0.0);
+    }
+}
+
 /// The committed reasoning-gym fixtures (`configs/data/reasoning_gym/`, written by
 /// `scripts/make_reasoning_gym_data.sh` from reasoning-gym 0.1.25) load as the shipped
 /// configs read them, and the generator's own answers earn full reward: chain_sum's number,

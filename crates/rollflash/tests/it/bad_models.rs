@@ -93,3 +93,30 @@ fn config_that_is_not_json_names_the_file_and_position() {
         assert!(e.contains("config.json") && e.contains("line 1"), "{e}");
     }
 }
+
+/// `rollflash train --set model.path=` a directory that is not there: one message naming
+/// the directory, said once (not again under "Caused by"), before any warm-up.
+#[test]
+fn a_model_path_that_does_not_exist_is_named_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-model");
+    let out = Command::new(env!("CARGO_BIN_EXE_rollflash"))
+        .args(["train", "--set"])
+        .arg(format!("model.path={:?}", missing.display().to_string()))
+        .args(["--set", "metrics.progress=false"])
+        .arg("--set")
+        .arg(format!(
+            "output_dir={:?}",
+            dir.path().join("run").display().to_string()
+        ))
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let shown = missing.display().to_string();
+    assert!(stderr.contains("model directory"), "{stderr}");
+    assert_eq!(stderr.matches(&shown).count(), 1, "said once: {stderr}");
+    assert!(!stderr.contains("tokenizer"), "{stderr}");
+    assert!(!stderr.contains("warm-up"), "{stderr}");
+}

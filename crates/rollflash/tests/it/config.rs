@@ -153,7 +153,18 @@ fn the_plan_derives_every_rule_from_the_config() {
     assert_eq!(plan.learner.temperature, cfg.rollout.temperature);
     match &plan.warmup {
         WarmupPlan::Run { cache, .. } => {
-            assert!(cache.starts_with(&cfg.output_dir), "{}", cache.display())
+            // One cache for every run of these settings, wherever its output goes.
+            let mut elsewhere = cfg.clone();
+            elsewhere.output_dir = "runs/elsewhere".into();
+            let other = rollflash_run::plan::RunPlan::new(elsewhere).unwrap();
+            assert_eq!(other.warmup_cache(), Some(cache));
+            // `warmup.cache_dir` puts it where asked, under the same key.
+            let mut pinned = cfg.clone();
+            pinned.warmup.cache_dir = Some("/tmp/wu".into());
+            let pinned = rollflash_run::plan::RunPlan::new(pinned).unwrap();
+            let p = pinned.warmup_cache().unwrap();
+            assert_eq!(p.parent().unwrap(), std::path::Path::new("/tmp/wu"));
+            assert_eq!(p.file_name(), cache.file_name());
         }
         other => panic!("the math task warms up: {other:?}"),
     }

@@ -23,3 +23,4 @@ mod secrets;
 mod serve;
 mod serve_faults;
 mod util;
+mod warmup_cache;
