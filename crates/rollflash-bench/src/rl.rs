@@ -836,6 +836,7 @@ impl Backend for WaveBackend {
                 output,
                 finish_reason: FinishReason::Aborted,
                 start_version: req.start_version,
+                served_by: Vec::new(),
             });
         }
         let _guard = WaveGuard(self);

@@ -11,7 +11,7 @@ pub mod redundancy;
 pub mod timeline;
 pub mod trajectory;
 
-pub use gen::{GenOutput, GenRequest, Generated, InvalidParams, SamplingParams};
+pub use gen::{GenOutput, GenRequest, Generated, InvalidParams, SamplingParams, ServedRun};
 pub use trajectory::{Trajectory, TrajectoryEnd, TurnTiming};
 
 use serde::{Deserialize, Serialize};

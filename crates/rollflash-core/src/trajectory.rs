@@ -71,6 +71,10 @@ pub struct Trajectory {
     /// per-step metrics.
     #[serde(default)]
     pub env_metrics: Vec<(String, f64)>,
+    /// Which backends generated the model tokens (those with `loss_mask` 1), in order; empty
+    /// when not known.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub served_by: Vec<crate::gen::ServedRun>,
 }
 
 impl Trajectory {

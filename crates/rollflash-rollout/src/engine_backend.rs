@@ -417,6 +417,7 @@ impl Worker {
                 output: c.output,
                 finish_reason: c.finish_reason,
                 start_version,
+                served_by: Vec::new(),
             }));
         }
     }

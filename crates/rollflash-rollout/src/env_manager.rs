@@ -322,6 +322,9 @@ impl EnvManager {
                 Err(e) => return TrajectoryEnd::Failed(format!("generate: {e}")),
             };
             let gen_time = t0.elapsed();
+            for run in &out.served_by {
+                rollflash_core::gen::push_served(&mut t.served_by, &run.backend, run.tokens);
+            }
             for i in 0..out.output.len() {
                 t.push(
                     out.output.tokens[i],

@@ -191,6 +191,7 @@ impl Backend for InstantBackend {
             output: Generated { ..output },
             finish_reason,
             start_version: req.start_version,
+            served_by: Vec::new(),
         })
     }
 

@@ -631,6 +631,8 @@ struct Pending {
     floor: PolicyVersion,
     /// How the last finished attempt ended.
     finish: FinishReason,
+    /// Which backends generated `req.resume`'s tokens, in order.
+    served: Vec<rollflash_core::ServedRun>,
 }
 
 /// The proxy's timeline: busy intervals per backend and pauses (see
@@ -832,6 +834,7 @@ impl ProxyTask {
                         reply,
                         floor: PolicyVersion::default(),
                         finish: FinishReason::Stop,
+                        served: Vec::new(),
                     },
                 );
                 self.feed(ProxyEvent::Submit {
@@ -988,10 +991,15 @@ impl ProxyTask {
                 // not overwrite the request's tokens; the scheduler ignores it too.
                 if self.sched.running_attempt(id) == Some((backend, attempt)) {
                     if let Some(p) = self.pending.get_mut(&id) {
+                        let new = out.output.len().saturating_sub(p.req.resumed_len());
                         if let Some(log) = self.busy.as_mut() {
-                            let new = out.output.len().saturating_sub(p.req.resumed_len());
                             log.coalescer.completed(backend.0, new as u64);
                         }
+                        rollflash_core::gen::push_served(
+                            &mut p.served,
+                            self.backends[backend.0].name(),
+                            new,
+                        );
                         p.req.resume = Some(out.output);
                         p.finish = out.finish_reason;
                     }
@@ -1101,6 +1109,7 @@ impl ProxyTask {
                             },
                             output,
                             start_version: p.req.start_version,
+                            served_by: p.served,
                         })
                     }
                     Completion::Failed { reason } => Err(ProxyError::Failed { id, reason }),

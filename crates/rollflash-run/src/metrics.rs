@@ -29,7 +29,8 @@ pub struct MetricsError {
 /// `staleness_max`, `staleness_hist` (`{"0": n, "1": m}`), `samples_per_s` and
 /// `tokens_per_s` (over this step's wall time), `rollout_idle` and `trainer_idle` (fractions
 /// of the step's wall time), `weight_sync_ms` (and, with several backends,
-/// `weight_sync_ms_by_backend`: each one's update, `null` where it failed), `wall_s`, `train_s`, `wait_s`, `elapsed_s`,
+/// `weight_sync_ms_by_backend`: each one's update, `null` where it failed), `behav_kl` and
+/// `behav_kl_by_backend` (each backend's tokens' train–inference mismatch, by name), `wall_s`, `train_s`, `wait_s`, `elapsed_s`,
 /// and the cumulative sample accounting (`started`, `trained`, `filtered`, `dropped_stale`,
 /// `aborted`, `failed`, `running`, `buffered`).
 /// The run's sink adds `response_len_mean` and `response_len_max` (model tokens of the
@@ -88,6 +89,17 @@ pub fn step_json(s: &StepRecord, elapsed_offset_s: f64) -> Value {
     }
     for (k, v) in &s.stats.metrics {
         m[k] = json!(v);
+    }
+    if !s.stats.behav_kl_by_backend.is_empty() {
+        // Each backend's own train–inference mismatch: a server whose numerics (or weights)
+        // differ from the trainer's stands out here before it moves the mean.
+        let by: serde_json::Map<String, Value> = s
+            .stats
+            .behav_kl_by_backend
+            .iter()
+            .map(|(name, kl)| (name.clone(), json!(kl)))
+            .collect();
+        m["behav_kl_by_backend"] = Value::Object(by);
     }
     m
 }

@@ -37,6 +37,10 @@ pub struct StepStats {
     pub loss: f64,
     /// Free-form named metrics (KL, entropy, clip fraction…).
     pub metrics: Vec<(String, f64)>,
+    /// The train–inference mismatch (`behav_kl`: mean behaviour − proximal log-prob over
+    /// response tokens) of each backend's tokens, by backend name, where the batch says
+    /// which backend generated them.
+    pub behav_kl_by_backend: Vec<(String, f64)>,
 }
 
 /// The training side, as the controller sees it: one step on a batch, returning the new

@@ -115,6 +115,7 @@ impl PolicyLearner {
         let mut group_sizes = Vec::new();
         let mut mask = Vec::new();
         let mut behav = Vec::new();
+        let mut backends = BackendOwners::default();
         for g in &batch.groups {
             group_sizes.push(g.samples.len());
             for (t, r) in &g.samples {
@@ -122,6 +123,7 @@ impl PolicyLearner {
                 rewards.push(*r);
                 mask.extend(t.loss_mask.iter().map(|&m| m == 1));
                 behav.extend_from_slice(&t.logprobs);
+                backends.add(t);
             }
         }
         // The packed layout `token_stats` uses: sequence starts, then the total.
@@ -208,74 +210,95 @@ impl PolicyLearner {
         let opt = &mut self.opt;
         let cfg = &self.cfg;
         let device = &self.device;
-        let (stats, opt_stats, behav_kl) = self.pool.install(|| -> Result<_, LearnerError> {
-            let mut acc = GradAccumulator::default();
-            let mut agg = StatsSum::default();
-            let (mut gap, mut n_tok) = (0.0, 0usize);
-            for start in (0..n_seq).step_by(mb) {
-                let end = (start + mb).min(n_seq);
-                let (t0, t1) = (offsets[start], offsets[end]);
-                let chunk = &seqs[start..end];
-                let ts = token_stats(model.model(), chunk, cfg.temperature, false).map_err(err)?;
-                let dtype = ts.logprobs.dtype();
-                let n = t1 - t0;
-                let to_t = |v: Vec<f32>| {
-                    Tensor::from_vec(v, n, device)
-                        .and_then(|t| t.to_dtype(dtype))
-                        .map_err(err)
-                };
-                let adv_t = to_t(adv[t0..t1].iter().map(|&a| a as f32).collect())?;
-                let mask_t = to_t(
-                    mask[t0..t1]
+        let owners = &backends.owner;
+        let n_backends = backends.names.len();
+        let (stats, opt_stats, behav_kl, by_backend) =
+            self.pool.install(|| -> Result<_, LearnerError> {
+                let mut acc = GradAccumulator::default();
+                let mut agg = StatsSum::default();
+                let (mut gap, mut n_tok) = (0.0, 0usize);
+                let mut per = vec![(0.0f64, 0usize); n_backends];
+                for start in (0..n_seq).step_by(mb) {
+                    let end = (start + mb).min(n_seq);
+                    let (t0, t1) = (offsets[start], offsets[end]);
+                    let chunk = &seqs[start..end];
+                    let ts =
+                        token_stats(model.model(), chunk, cfg.temperature, false).map_err(err)?;
+                    let dtype = ts.logprobs.dtype();
+                    let n = t1 - t0;
+                    let to_t = |v: Vec<f32>| {
+                        Tensor::from_vec(v, n, device)
+                            .and_then(|t| t.to_dtype(dtype))
+                            .map_err(err)
+                    };
+                    let adv_t = to_t(adv[t0..t1].iter().map(|&a| a as f32).collect())?;
+                    let mask_t = to_t(
+                        mask[t0..t1]
+                            .iter()
+                            .map(|&m| if m { 1.0 } else { 0.0 })
+                            .collect(),
+                    )?;
+                    let behav_t = to_t(behav[t0..t1].to_vec())?;
+                    let local: Vec<usize> = offsets[start..end].iter().map(|o| o - t0).collect();
+                    // One optimiser step per batch: the proximal ("old") policy is the policy at
+                    // the start of the step, numerically equal to the current one.
+                    let old = ts.logprobs.detach();
+                    let ref_logp = match ref_all {
+                        Some(r) if loss_kl => Some(to_t(r[t0..t1].to_vec())?),
+                        _ => None,
+                    };
+                    let mut inputs = PolicyLossInputs::new(
+                        &ts.logprobs,
+                        &old,
+                        &behav_t,
+                        &adv_t,
+                        &mask_t,
+                        &local,
+                    );
+                    inputs.entropy = Some(&ts.entropy);
+                    inputs.seq_scores = Some(&rewards[start..end]);
+                    inputs.ref_logp = ref_logp.as_ref();
+                    let out = policy_loss(&inputs, &cfg.loss).map_err(err)?;
+                    // Each micro-batch's loss is a mean over its own sequences (or tokens);
+                    // weighting by its share makes the summed gradients those of the whole
+                    // batch's loss. With correction filters on, token shares are counted before
+                    // filtering.
+                    let weight = if token_weighted {
+                        mask[t0..t1].iter().filter(|&&m| m).count() as f64 / n_mask as f64
+                    } else {
+                        (end - start) as f64 / n_seq as f64
+                    };
+                    let grads = (&out.loss * weight)
+                        .and_then(|l| l.backward())
+                        .map_err(err)?;
+                    acc.add(model, &grads).map_err(err)?;
+                    agg.add(&out.metrics, weight);
+                    // Train–inference mismatch: the mean of `behav − proximal` over response
+                    // tokens estimates KL(π_behav‖π_proximal); at staleness 0 it is numerics.
+                    let proximal = old
+                        .to_dtype(candle_core::DType::F64)
+                        .and_then(|t| t.to_vec1::<f64>())
+                        .map_err(err)?;
+                    for (k, ((&m, &b), &p)) in mask[t0..t1]
                         .iter()
-                        .map(|&m| if m { 1.0 } else { 0.0 })
-                        .collect(),
-                )?;
-                let behav_t = to_t(behav[t0..t1].to_vec())?;
-                let local: Vec<usize> = offsets[start..end].iter().map(|o| o - t0).collect();
-                // One optimiser step per batch: the proximal ("old") policy is the policy at
-                // the start of the step, numerically equal to the current one.
-                let old = ts.logprobs.detach();
-                let ref_logp = match ref_all {
-                    Some(r) if loss_kl => Some(to_t(r[t0..t1].to_vec())?),
-                    _ => None,
-                };
-                let mut inputs =
-                    PolicyLossInputs::new(&ts.logprobs, &old, &behav_t, &adv_t, &mask_t, &local);
-                inputs.entropy = Some(&ts.entropy);
-                inputs.seq_scores = Some(&rewards[start..end]);
-                inputs.ref_logp = ref_logp.as_ref();
-                let out = policy_loss(&inputs, &cfg.loss).map_err(err)?;
-                // Each micro-batch's loss is a mean over its own sequences (or tokens);
-                // weighting by its share makes the summed gradients those of the whole
-                // batch's loss. With correction filters on, token shares are counted before
-                // filtering.
-                let weight = if token_weighted {
-                    mask[t0..t1].iter().filter(|&&m| m).count() as f64 / n_mask as f64
-                } else {
-                    (end - start) as f64 / n_seq as f64
-                };
-                let grads = (&out.loss * weight)
-                    .and_then(|l| l.backward())
-                    .map_err(err)?;
-                acc.add(model, &grads).map_err(err)?;
-                agg.add(&out.metrics, weight);
-                // Train–inference mismatch: the mean of `behav − proximal` over response
-                // tokens estimates KL(π_behav‖π_proximal); at staleness 0 it is numerics.
-                let proximal = old
-                    .to_dtype(candle_core::DType::F64)
-                    .and_then(|t| t.to_vec1::<f64>())
-                    .map_err(err)?;
-                for ((&m, &b), &p) in mask[t0..t1].iter().zip(&behav[t0..t1]).zip(&proximal) {
-                    if m {
-                        gap += f64::from(b) - p;
-                        n_tok += 1;
+                        .zip(&behav[t0..t1])
+                        .zip(&proximal)
+                        .enumerate()
+                    {
+                        if m {
+                            gap += f64::from(b) - p;
+                            n_tok += 1;
+                            if let Some(s) = owners[t0 + k].and_then(|o| per.get_mut(o)) {
+                                s.0 += f64::from(b) - p;
+                                s.1 += 1;
+                            }
+                        }
                     }
                 }
-            }
-            let st = opt.step(model, &acc).map_err(err)?;
-            Ok((agg, st, gap / n_tok.max(1) as f64))
-        })?;
+                let st = opt.step(model, &acc).map_err(err)?;
+                let by: Vec<f64> = per.iter().map(|&(g, n)| g / n.max(1) as f64).collect();
+                Ok((agg, st, gap / n_tok.max(1) as f64, by))
+            })?;
         let new = Arc::new(self.model.snapshot().map_err(err)?);
         let version = PolicyVersion(batch.version.0 + 1);
         let mut metrics = vec![
@@ -321,8 +344,48 @@ impl PolicyLearner {
             StepStats {
                 loss: stats.total_loss,
                 metrics,
+                behav_kl_by_backend: backends.names.into_iter().zip(by_backend).collect(),
             },
         ))
+    }
+}
+
+/// Which backend generated each token of a packed batch (from each trajectory's
+/// `served_by`), for the train–inference mismatch per backend. A token whose backend is not
+/// known (prompt and observation tokens; a trajectory whose runs do not cover its model
+/// tokens) has none.
+#[derive(Debug, Default)]
+struct BackendOwners {
+    names: Vec<String>,
+    owner: Vec<Option<usize>>,
+}
+
+impl BackendOwners {
+    fn add(&mut self, t: &Trajectory) {
+        let start = self.owner.len();
+        self.owner.resize(start + t.tokens.len(), None);
+        let covered: usize = t.served_by.iter().map(|r| r.tokens).sum();
+        if covered != t.response_tokens() {
+            return;
+        }
+        let mut model_tokens = t
+            .loss_mask
+            .iter()
+            .enumerate()
+            .filter(|(_, &m)| m == 1)
+            .map(|(i, _)| i);
+        for run in &t.served_by {
+            let o = match self.names.iter().position(|n| *n == run.backend) {
+                Some(o) => o,
+                None => {
+                    self.names.push(run.backend.clone());
+                    self.names.len() - 1
+                }
+            };
+            for i in model_tokens.by_ref().take(run.tokens) {
+                self.owner[start + i] = Some(o);
+            }
+        }
     }
 }
 

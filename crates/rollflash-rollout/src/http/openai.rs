@@ -349,6 +349,7 @@ impl Backend for OpenAiBackend {
             output,
             finish_reason,
             start_version: req.start_version,
+            served_by: Vec::new(),
         };
         let Some(left) = left else {
             return Ok(done(output, FinishReason::Length));

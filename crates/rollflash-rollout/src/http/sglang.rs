@@ -250,6 +250,7 @@ impl Backend for SglangBackend {
             output,
             finish_reason,
             start_version: req.start_version,
+            served_by: Vec::new(),
         };
         let Some(left) = left else {
             return Ok(done(output, FinishReason::Length));

@@ -490,6 +490,7 @@ impl Backend for VllmBackend {
             output,
             finish_reason,
             start_version: req.start_version,
+            served_by: Vec::new(),
         };
         let Some(left) = left else {
             return Ok(done(output, FinishReason::Length));

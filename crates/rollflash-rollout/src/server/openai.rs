@@ -538,6 +538,7 @@ async fn run_choice(
             output: Generated::default(),
             finish_reason: FinishReason::Length,
             start_version: Default::default(),
+            served_by: Vec::new(),
         }
     } else if tx.is_none() && plan.stops.is_empty() {
         shared

@@ -376,6 +376,7 @@ impl Backend for GateBackend {
             output,
             finish_reason: FinishReason::Aborted,
             start_version: req.start_version,
+            served_by: Vec::new(),
         })
     }
 

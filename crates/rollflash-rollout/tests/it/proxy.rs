@@ -224,6 +224,10 @@ async fn pause_in_abort_mode_resumes_from_partial_output_under_new_weights() {
     assert_eq!(out.finish_reason, FinishReason::Length);
     assert_eq!(out.start_version, PolicyVersion(0));
     assert!(out.output.versions.iter().all(|v| *v == PolicyVersion(1)));
+    // Every token is attributed to the backend that generated it, across the resume.
+    let served: usize = out.served_by.iter().map(|r| r.tokens).sum();
+    assert_eq!(served, out.output.len(), "{:?}", out.served_by);
+    assert!(out.served_by.iter().all(|r| r.backend == "i0"));
     assert_eq!(h.metrics().await.unwrap().counters.preempted, 1);
     proxy.shutdown().await.unwrap();
 }
@@ -327,6 +331,14 @@ async fn a_request_hung_on_a_backend_is_retried_on_another_after_its_deadline() 
     assert_eq!(out.output.len(), 3);
     assert_eq!(out.finish_reason, FinishReason::Length);
     assert_eq!((hung.calls(), ok.served()), (1, 1));
+    // The tokens are the healthy backend's: the hung attempt produced none.
+    assert_eq!(
+        out.served_by,
+        vec![rollflash_core::ServedRun {
+            backend: "ok".into(),
+            tokens: 3
+        }]
+    );
     until(|| hung.aborts() == 1).await;
     let m = h.metrics().await.unwrap();
     assert_eq!(m.backends[0].1, 0, "the hung attempt's slot was released");

@@ -346,3 +346,87 @@ fn reinforce_pp_kl_reward_penalty_uses_the_reference_and_moves_the_update() {
     let moved = plain.max_abs_diff(&penalised).unwrap();
     assert!(moved > 1e-6, "the penalty changed nothing");
 }
+
+/// `behav_kl_by_backend`: each backend's tokens' mean `behav − proximal`, told apart by the
+/// trajectories' `served_by` runs (a request that moved mid-generation counts each part for
+/// the backend that generated it); tokens whose backend is unknown count only in `behav_kl`.
+/// Reference: the initial model's log-probs, computed here, with known offsets added.
+#[test]
+fn behav_kl_is_told_apart_per_backend() {
+    use rollflash_core::ServedRun;
+    use rollflash_model::train::token_stats;
+    let tok = Tokenizer::builtin();
+    let cfg = ModelConfig::tiny(Arch::Qwen3, tok.vocab_size());
+    let w = Weights::random(&cfg, 7, DType::F32, &Device::Cpu).unwrap();
+    let model = TrainableModel::new(&cfg, &w, DType::F32, &Device::Cpu).unwrap();
+    let mut batch = random_batch(tok.vocab_size() as u32);
+    let run = |backend: &str, tokens| ServedRun {
+        backend: backend.into(),
+        tokens,
+    };
+    for (g, group) in batch.groups.iter_mut().enumerate() {
+        for (i, (t, _)) in group.samples.iter_mut().enumerate() {
+            let exact = token_stats(model.model(), &[t.tokens.as_slice()], 1.0, false)
+                .unwrap()
+                .logprobs
+                .to_vec1::<f32>()
+                .unwrap();
+            let n = t.response_tokens();
+            // Group 0: all on "a", exact. Group 1, sample 0: its first token on "a"
+            // (exact), the rest on "b" (+0.25). Group 1, samples 1-2: unknown (-1.0).
+            let (runs, offsets): (Vec<ServedRun>, Vec<f32>) = match (g, i) {
+                (0, _) => (vec![run("a", n)], vec![0.0; n]),
+                (1, 0) => (
+                    vec![run("a", 1), run("b", n - 1)],
+                    std::iter::once(0.0)
+                        .chain(std::iter::repeat(0.25).take(n - 1))
+                        .collect(),
+                ),
+                _ => (Vec::new(), vec![-1.0; n]),
+            };
+            t.served_by = runs;
+            let mut k = 0;
+            for (j, m) in t.loss_mask.iter().enumerate() {
+                if *m == 1 {
+                    t.logprobs[j] = exact[j] + offsets[k];
+                    k += 1;
+                }
+            }
+        }
+    }
+    let (_, stats) = train_once(
+        &cfg,
+        &w,
+        &batch,
+        LearnerConfig {
+            optimizer: OptimizerConfig {
+                lr: 1e-2,
+                ..Default::default()
+            },
+            loss: LossConfig {
+                pg_variant: PgVariant::DecoupledPpo,
+                ..Default::default()
+            },
+            advantage: AdvantageEstimator::Grpo {
+                norm_by_std: true,
+                eps: 1e-6,
+            },
+            shaping: Default::default(),
+            temperature: 1.0,
+            threads: 1,
+            micro_batch_size: 2,
+            device: Device::Cpu,
+        },
+    );
+    let by: std::collections::HashMap<_, _> = stats.behav_kl_by_backend.iter().cloned().collect();
+    assert_eq!(by.len(), 2, "{by:?}");
+    assert!(by["a"].abs() < 1e-5, "{by:?}");
+    assert!((by["b"] - 0.25).abs() < 1e-5, "{by:?}");
+    let all = stats
+        .metrics
+        .iter()
+        .find(|(k, _)| k == "behav_kl")
+        .unwrap()
+        .1;
+    assert!(all < 0.0, "the unknown tokens' -1 counts in the overall mean: {all}");
+}

@@ -39,13 +39,17 @@ pub fn run(a: EvalArgs) -> Result<()> {
         n,
     ))?;
     println!(
-        "eval {} on `{}`: success rate {:.3} ({} of {} tasks), mean reward {:.3}",
+        "eval {} on `{}`: success rate {:.3} ({} of {} tasks), mean reward {:.3}{}",
         a.checkpoint.display(),
         cfg.env.name(),
         r.success_rate,
         (r.success_rate * r.tasks as f64).round() as usize,
         r.tasks,
-        r.mean_reward
+        r.mean_reward,
+        // The math task also says how often the answer was right with the format unchecked.
+        r.format_free
+            .map(|f| format!(", format-free {f:.3}"))
+            .unwrap_or_default()
     );
     Ok(())
 }

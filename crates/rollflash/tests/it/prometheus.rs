@@ -32,6 +32,7 @@ fn record() -> StepRecord {
         stats: StepStats {
             loss: 0.25,
             metrics: Vec::new(),
+            behav_kl_by_backend: Vec::new(),
         },
         accounting: Accounting {
             started: 200,
