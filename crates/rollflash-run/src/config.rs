@@ -936,6 +936,9 @@ pub struct MetricsSection {
     pub progress: bool,
     /// Write `report/` (plots and `report.md`) at the end of the run.
     pub report: bool,
+    /// Write TensorBoard event files under `output_dir/tensorboard/` (every numeric metric
+    /// of each step, and the held-out evaluations), flushed per step.
+    pub tensorboard: bool,
 }
 
 impl Default for MetricsSection {
@@ -944,6 +947,7 @@ impl Default for MetricsSection {
             prometheus: None,
             progress: true,
             report: true,
+            tensorboard: false,
         }
     }
 }
@@ -967,6 +971,9 @@ pub struct DashboardSection {
     /// Trajectories of each trained batch saved to `trajectories.jsonl` (spread over the
     /// batch's rewards); 0 saves none.
     pub trajectories_per_step: usize,
+    /// The size (MB) at which `trajectories.jsonl` stops growing: later steps' trajectories
+    /// are not saved (the log says from which step). 0: no cap.
+    pub trajectories_max_mb: u64,
 }
 
 impl Default for DashboardSection {
@@ -976,6 +983,7 @@ impl Default for DashboardSection {
             api_key: None,
             api_key_env: None,
             trajectories_per_step: 4,
+            trajectories_max_mb: 100,
         }
     }
 }

@@ -22,4 +22,5 @@ mod resume;
 mod secrets;
 mod serve;
 mod serve_faults;
+mod tensorboard;
 mod util;
