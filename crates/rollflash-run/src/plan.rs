@@ -282,8 +282,9 @@ impl DashboardPlan {
             addr: d.addr,
             api_key,
             trajectories_per_step: d.trajectories_per_step,
-            trajectories_max_bytes: (d.trajectories_max_mb > 0)
-                .then(|| d.trajectories_max_mb.saturating_mul(1_000_000)),
+            // Validated finite and ≥ 0; the cast saturates.
+            trajectories_max_bytes: (d.trajectories_max_mb > 0.0)
+                .then(|| (d.trajectories_max_mb * 1e6).ceil() as u64),
         })
     }
 }
