@@ -672,6 +672,13 @@ impl TrainConfig {
             &self.dashboard.api_key,
             &self.dashboard.api_key_env,
         )?;
+        let mb = self.dashboard.trajectories_max_mb;
+        if !(mb >= 0.0) || !mb.is_finite() {
+            return Err(field(
+                "dashboard.trajectories_max_mb",
+                "must be a number of MB ≥ 0 (0: no cap)",
+            ));
+        }
         self.env.validate()?;
         let r = &self.rollout;
         if r.engines == 0 && r.servers.is_empty() {
@@ -942,6 +949,9 @@ pub struct MetricsSection {
     pub progress: bool,
     /// Write `report/` (plots and `report.md`) at the end of the run.
     pub report: bool,
+    /// Write TensorBoard event files under `output_dir/tensorboard/` (every numeric metric
+    /// of each step, and the held-out evaluations), flushed per step.
+    pub tensorboard: bool,
 }
 
 impl Default for MetricsSection {
@@ -950,6 +960,7 @@ impl Default for MetricsSection {
             prometheus: None,
             progress: true,
             report: true,
+            tensorboard: false,
         }
     }
 }
@@ -973,6 +984,9 @@ pub struct DashboardSection {
     /// Trajectories of each trained batch saved to `trajectories.jsonl` (spread over the
     /// batch's rewards); 0 saves none.
     pub trajectories_per_step: usize,
+    /// The size (MB, 10^6 bytes) at which `trajectories.jsonl` stops growing: later steps'
+    /// trajectories are not saved (the log says from which step). 0: no cap.
+    pub trajectories_max_mb: f64,
 }
 
 impl Default for DashboardSection {
@@ -982,6 +996,7 @@ impl Default for DashboardSection {
             api_key: None,
             api_key_env: None,
             trajectories_per_step: 4,
+            trajectories_max_mb: 100.0,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! sampler that turns each trained batch into `trajectories.jsonl` lines with the run's
 //! tokenizer.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -42,33 +42,60 @@ pub fn timeline(dir: &Path, resumed: bool) -> Result<Timeline, FileError> {
     Ok(Timeline::new(Arc::new(TimelineLog::create(dir, resumed)?)))
 }
 
-/// `trajectories.jsonl`: `per_step` trajectories of every trained batch.
+/// `trajectories.jsonl`: `per_step` trajectories of every trained batch, until the file
+/// reaches its size cap (`dashboard.trajectories_max_mb`); then saving stops, said once in
+/// the log, and the file keeps the run's first steps (the dashboard reads it whole, and a
+/// trimmed front would mean rewriting it while the page reads it).
 #[derive(Debug)]
 pub struct TrajectorySampler {
     log: TrajectoryLog,
+    path: PathBuf,
     per_step: usize,
     tokenizer: Arc<Tokenizer>,
+    /// The cap in bytes; `None`: no cap.
+    max_bytes: Option<u64>,
+    /// Set once the cap is reached.
+    full: bool,
 }
 
 impl TrajectorySampler {
-    /// Creates (or, resuming, continues) `dir/trajectories.jsonl`.
+    /// Creates (or, resuming, continues) `dir/trajectories.jsonl`, capped at `max_bytes`.
     pub fn create(
         dir: &Path,
         resumed: bool,
         per_step: usize,
+        max_bytes: Option<u64>,
         tokenizer: Arc<Tokenizer>,
     ) -> Result<Self, FileError> {
         Ok(TrajectorySampler {
             log: TrajectoryLog::create(dir, resumed)?,
+            path: dir.join(rollflash_dashboard::files::TRAJECTORIES_FILE),
             per_step,
             tokenizer,
+            max_bytes,
+            full: false,
         })
     }
 
-    /// Saves the sample of step `step`'s batch.
-    pub fn save(&self, step: usize, batch: &Batch<Trajectory>) -> Result<(), FileError> {
-        if self.per_step == 0 {
+    /// Saves the sample of step `step`'s batch, unless the file is full.
+    pub fn save(&mut self, step: usize, batch: &Batch<Trajectory>) -> Result<(), FileError> {
+        if self.per_step == 0 || self.full {
             return Ok(());
+        }
+        if let Some(max) = self.max_bytes {
+            // One stat per step: the file's own size, which a resumed run's earlier
+            // records count toward too.
+            let size = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+            if size >= max {
+                self.full = true;
+                tracing::warn!(
+                    path = %self.path.display(),
+                    mb = size as f64 / 1e6,
+                    "trajectories not saved from step {step} on: the file reached \
+                     dashboard.trajectories_max_mb"
+                );
+                return Ok(());
+            }
         }
         let decode = |ids: &[u32]| self.tokenizer.decode(ids, false).ok();
         let records = rollflash_dashboard::sample_batch(step, batch, self.per_step, &decode);

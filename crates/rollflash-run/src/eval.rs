@@ -86,7 +86,7 @@ pub async fn evaluate(
     if n == 0 {
         return None;
     }
-    let runs = run_eval(envs, make, n, 1).await;
+    let runs = run_eval(envs, make, n, 1, "greedy evaluation").await;
     let (mut sum, mut ok, mut free, mut has_free) = (0.0, 0usize, 0.0, false);
     for (reward, format_free) in &runs {
         sum += reward;
@@ -118,7 +118,7 @@ pub async fn evaluate_sampled(
     if n == 0 || k == 0 {
         return None;
     }
-    let runs = run_eval(envs, make, n, k).await;
+    let runs = run_eval(envs, make, n, k, "sampled evaluation").await;
     let total = runs.len().max(1) as f64;
     Some(SampledEval {
         samples: k,
@@ -128,13 +128,16 @@ pub async fn evaluate_sampled(
     })
 }
 
-/// `(reward, format_free)` of `k` trajectories on each of `n` held-out tasks.
+/// `(reward, format_free)` of `k` trajectories on each of `n` held-out tasks, with a
+/// progress bar named `what` on a terminal.
 async fn run_eval(
     envs: &EnvManager,
     make: &EnvFactory,
     n: usize,
     k: usize,
+    what: &str,
 ) -> Vec<(f64, Option<f64>)> {
+    let bar = crate::progress::PhaseBar::new(what, (n * k) as u64, "trajectories");
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..n as u64 {
         for j in 0..k {
@@ -160,6 +163,7 @@ async fn run_eval(
     let mut out = Vec::with_capacity(n * k);
     while let Some(r) = tasks.join_next().await {
         out.push(r.unwrap_or((0.0, None)));
+        bar.inc();
     }
     out
 }

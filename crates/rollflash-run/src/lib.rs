@@ -16,4 +16,5 @@ pub mod progress;
 pub mod prometheus;
 pub mod report;
 pub mod stack;
+pub mod tensorboard;
 pub mod warmup;

@@ -46,6 +46,8 @@ pub enum PipelineError {
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
+    #[error("tensorboard: {0}")]
+    TensorBoard(#[from] crate::tensorboard::TensorBoardError),
     #[error("report: {0}")]
     Report(#[from] crate::report::ReportError),
     #[error("{what} {path}: {source}")]
@@ -207,6 +209,27 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     })?;
     let ckpt_root = checkpoint::root(&cfg.output_dir);
     let live = opts.live.clone().unwrap_or_default();
+    // Bars (the evaluations' and the steps') only where the config wants them.
+    crate::progress::set_enabled(cfg.metrics.progress);
+    // The Prometheus endpoint is up with the run (a scraper sees it through the warm-up and
+    // the first evaluation, with zero steps); the proxy's numbers join once it exists.
+    let gauges: SharedGauges = Arc::default();
+    let prom = match opts.metrics_addr.or(plan.prometheus) {
+        Some(addr) => {
+            let s = PromServer::start(addr, Arc::clone(&gauges), None)
+                .await
+                .map_err(|source| PipelineError::Prometheus {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            println!("prometheus metrics at http://{}/metrics", s.addr());
+            if let Some(tx) = opts.metrics_bound.take() {
+                let _ = tx.send(s.addr());
+            }
+            Some(s)
+        }
+        None => None,
+    };
     // An environment server that is down stops the run here, before the warm-up.
     if let Some(line) = stack::check_env(&plan).await? {
         println!("{line}");
@@ -290,6 +313,9 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     live.set_source(Some(Arc::new(crate::dashboard::ProxyLive(
         rollout.proxy.handle(),
     ))));
+    if let Some(p) = &prom {
+        p.set_proxy(Some(rollout.proxy.handle()));
+    }
     live.set_phase("evaluation before RL");
 
     let eval_before = match &resumed {
@@ -308,6 +334,7 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
             e
         }
     };
+    let eval_before_at = crate::tensorboard::unix_now();
     live.set_eval_before(eval_before.and_then(|e| serde_json::to_value(e).ok()));
     live.set_phase("rl");
 
@@ -334,23 +361,16 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     let log = MetricsLog::create(&metrics_path, &prefix)?;
     let done_before = resumed.as_ref().map_or(0, |r| r.state.cursor.steps_done);
     let progress = Progress::new(cfg.train.steps, done_before, cfg.metrics.progress);
-    let gauges: SharedGauges = Arc::default();
-    let prom_addr = opts.metrics_addr.or(plan.prometheus);
-    let prom = match prom_addr {
-        Some(addr) => {
-            let s = PromServer::start(addr, Arc::clone(&gauges), Some(rollout.proxy.handle()))
-                .await
-                .map_err(|source| PipelineError::Prometheus {
-                    addr: addr.to_string(),
-                    source,
-                })?;
-            println!("prometheus metrics at http://{}/metrics", s.addr());
-            if let Some(tx) = opts.metrics_bound.take() {
-                let _ = tx.send(s.addr());
-            }
-            Some(s)
+    let tensorboard = if cfg.metrics.tensorboard {
+        let mut w = open_tensorboard(&cfg.output_dir, resumed.is_some(), done_before)?;
+        // The evaluation before RL at step 0, beside the first step's rollouts of the same
+        // policy; a resumed run's is in the file it continues (unless it resumes at 0).
+        if let (0, Some(e)) = (done_before, &eval_before) {
+            w.scalars(0, eval_before_at, &crate::tensorboard::eval_scalars(e))?;
         }
-        None => None,
+        Some(w)
+    } else {
+        None
     };
 
     // The learner, with the optimizer's moments and schedule position when resuming.
@@ -396,10 +416,12 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         data: plan.data.clone(),
         on_checkpoint_error: cfg.checkpoint.on_error,
         checkpoints_skipped: 0,
+        tensorboard,
         trajectories: crate::dashboard::TrajectorySampler::create(
             &cfg.output_dir,
             resumed.is_some(),
             plan.dashboard.trajectories_per_step,
+            plan.dashboard.trajectories_max_bytes,
             Arc::clone(&policy.tokenizer),
         )?,
         lengths: None,
@@ -439,6 +461,14 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     }
     live.set_source(None);
     rollout.proxy.shutdown().await?;
+    // The evaluation after RL at the step after the last: the policy every step trained.
+    if let (Some(tb), Some(e)) = (sink.tensorboard.as_mut(), &eval_after) {
+        tb.scalars(
+            report.cursor.steps_done as u64,
+            crate::tensorboard::unix_now(),
+            &crate::tensorboard::eval_scalars(e),
+        )?;
+    }
 
     let final_dir = if stopped_early {
         let c = match sink.checkpointer.take() {
@@ -557,10 +587,49 @@ fn resume_latest(
     Ok(loaded)
 }
 
-/// What the run does with each published step: append it to `metrics.jsonl`, move the
-/// progress bar, update the Prometheus gauges, and write a checkpoint every `every` steps.
+/// Opens the run's TensorBoard event file under `output_dir/tensorboard/`. A fresh run
+/// removes an earlier run's files there (as it truncates `metrics.jsonl`); a resumed one cuts
+/// them back to the steps before its checkpoint (as `metrics.jsonl` drops later records), so
+/// no step is in two files. Both say what they removed.
+fn open_tensorboard(
+    output_dir: &Path,
+    resumed: bool,
+    done_before: usize,
+) -> Result<crate::tensorboard::EventWriter, PipelineError> {
+    let dir = output_dir.join(crate::tensorboard::DIR);
+    if resumed {
+        let n = crate::tensorboard::drop_steps_from(&dir, done_before as u64)?;
+        if n > 0 {
+            println!(
+                "tensorboard: {n} event(s) from step {done_before} on dropped (written after \
+                 the checkpoint; the resumed run writes its own)"
+            );
+        }
+    } else {
+        let n = crate::tensorboard::remove_all(&dir)?;
+        if n > 0 {
+            println!(
+                "tensorboard: removed {n} event file(s) of an earlier run in {}",
+                dir.display()
+            );
+        }
+    }
+    let w = crate::tensorboard::EventWriter::create(&dir)?;
+    println!(
+        "tensorboard events in {} (watch with: tensorboard --logdir {})",
+        w.path().display(),
+        dir.display()
+    );
+    Ok(w)
+}
+
+/// What the run does with each published step: append it to `metrics.jsonl` (and, when
+/// asked, the TensorBoard event file), move the progress bar, update the Prometheus gauges,
+/// and write a checkpoint every `every` steps.
 struct RunSink {
     log: MetricsLog,
+    /// `metrics.tensorboard`: the same record as scalars.
+    tensorboard: Option<crate::tensorboard::EventWriter>,
     progress: Progress,
     gauges: SharedGauges,
     checkpointer: Option<Checkpointer>,
@@ -637,6 +706,14 @@ impl StepSink<PolicyLearner> for RunSink {
         self.log
             .append(&json)
             .map_err(|e| SinkError::new("metrics", e))?;
+        if let Some(tb) = &mut self.tensorboard {
+            tb.scalars(
+                record.step as u64,
+                crate::tensorboard::unix_now(),
+                &crate::tensorboard::step_scalars(&json),
+            )
+            .map_err(|e| SinkError::new("tensorboard", e))?;
+        }
         self.progress.step(record);
         if let Ok(mut g) = self.gauges.lock() {
             g.update(record);

@@ -261,6 +261,8 @@ pub struct DashboardPlan {
     /// as `rollflash serve` reads it); required beyond loopback.
     pub api_key: Option<String>,
     pub trajectories_per_step: usize,
+    /// `dashboard.trajectories_max_mb` in bytes; `None` (0 MB): no cap.
+    pub trajectories_max_bytes: Option<u64>,
 }
 
 impl DashboardPlan {
@@ -280,6 +282,9 @@ impl DashboardPlan {
             addr: d.addr,
             api_key,
             trajectories_per_step: d.trajectories_per_step,
+            // Validated finite and ≥ 0; the cast saturates.
+            trajectories_max_bytes: (d.trajectories_max_mb > 0.0)
+                .then(|| (d.trajectories_max_mb * 1e6).ceil() as u64),
         })
     }
 }

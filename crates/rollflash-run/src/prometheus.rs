@@ -53,22 +53,38 @@ impl Gauges {
 /// a plain mutex is right for a copy of a few numbers, held for microseconds.
 pub type SharedGauges = Arc<Mutex<Gauges>>;
 
+/// The proxy whose queue and counters a scrape adds, once the run has one: the endpoint
+/// starts with the run, before the warm-up builds the rollout plane. A plain mutex around
+/// a handle clone, taken for nanoseconds per scrape.
+type ProxySlot = Arc<Mutex<Option<ProxyHandle>>>;
+
 #[derive(Clone)]
 struct AppState {
     gauges: SharedGauges,
-    proxy: Option<ProxyHandle>,
+    proxy: ProxySlot,
 }
 
-/// A running endpoint; stop it with [`PromServer::shutdown`].
+/// A running endpoint; stop it with [`PromServer::shutdown`]. Dropped without it (a run
+/// that fails on the way), it still tells its task to stop.
 #[derive(Debug)]
 pub struct PromServer {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
+    proxy: ProxySlot,
+}
+
+impl Drop for PromServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
 }
 
 impl PromServer {
-    /// Binds `addr` and serves `/metrics` from `gauges` (and `proxy`, while it runs).
+    /// Binds `addr` and serves `/metrics` from `gauges` (and `proxy`, while it runs; see
+    /// [`PromServer::set_proxy`]).
     pub async fn start(
         addr: SocketAddr,
         gauges: SharedGauges,
@@ -76,9 +92,13 @@ impl PromServer {
     ) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
+        let proxy: ProxySlot = Arc::new(Mutex::new(proxy));
         let app = Router::new()
             .route("/metrics", get(scrape))
-            .with_state(AppState { gauges, proxy });
+            .with_state(AppState {
+                gauges,
+                proxy: Arc::clone(&proxy),
+            });
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
@@ -92,7 +112,16 @@ impl PromServer {
             addr,
             stop: Some(stop),
             task,
+            proxy,
         })
+    }
+
+    /// The proxy whose metrics scrapes add from now on (`None`: none, once it is shut down).
+    pub fn set_proxy(&self, proxy: Option<ProxyHandle>) {
+        match self.proxy.lock() {
+            Ok(mut p) => *p = proxy,
+            Err(poisoned) => *poisoned.into_inner() = proxy,
+        }
     }
 
     /// The bound address (the port is chosen by the OS when asked for port 0).
@@ -115,7 +144,12 @@ async fn scrape(State(st): State<AppState>) -> impl IntoResponse {
         // A panic while updating leaves numbers that are still numbers.
         Err(p) => p.into_inner().clone(),
     };
-    let proxy = match &st.proxy {
+    // The handle is cloned out so the lock is not held across the proxy's reply.
+    let handle = match st.proxy.lock() {
+        Ok(p) => p.clone(),
+        Err(p) => p.into_inner().clone(),
+    };
+    let proxy = match handle {
         Some(p) => p.metrics().await.ok(),
         None => None,
     };

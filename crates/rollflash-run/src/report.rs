@@ -1,13 +1,16 @@
 //! The end-of-run report: `output_dir/report/` with PNG plots (reward and accuracy against
-//! step and wall time, staleness, throughput, idle ratios) and `report.md`, built only from
-//! the files a run leaves (`metrics.jsonl`, `summary.json`), so `rollflash report DIR`
+//! step and wall time with the held-out evaluations marked, response length, staleness,
+//! throughput, idle ratios: noisy per-step curves faint under their EMA; and the timeline of
+//! what each backend and the trainer did) and `report.md`, built only from the files a run
+//! leaves (`metrics.jsonl`, `summary.json`, `timeline.jsonl`), so `rollflash report DIR`
 //! regenerates it for any run, finished or killed.
 
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use rollflash_core::buffer::Accounting;
-use rollflash_plot::{line_chart, Chart, Series};
+use rollflash_core::timeline::{EventKind, TimelineEvent, TRAINER_LANE};
+use rollflash_plot::{gantt_chart, line_chart, Bar, Chart, Gantt, Series, Style};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -92,7 +95,12 @@ pub fn write(output_dir: &Path) -> Result<PathBuf, ReportError> {
         path: dir.clone(),
         source,
     })?;
-    let plots = plot(&dir, &rows)?;
+    // The timeline is optional: runs before it existed have none, and a damaged file costs
+    // only its plot.
+    let timeline = rollflash_dashboard::RunDir::new(output_dir)
+        .timeline()
+        .unwrap_or_default();
+    let plots = plot(&dir, &rows, summary.as_ref(), &timeline)?;
     let md = markdown(output_dir, &rows, summary.as_ref(), &plots);
     let path = dir.join("report.md");
     std::fs::write(&path, md).map_err(|source| ReportError::Io {
@@ -109,63 +117,130 @@ fn col(rows: &[Value], x: &str, y: &str) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Draws every chart that has data; returns the file names written.
-fn plot(dir: &Path, rows: &[Value]) -> Result<Vec<String>, ReportError> {
-    let series = |x: &str, ys: &[(&str, &str)]| -> Vec<Series> {
-        ys.iter()
-            .map(|(key, name)| Series::new(*name, col(rows, x, key)))
-            .filter(|s| !s.points.is_empty())
-            .collect()
+/// Two curves that are the same numbers (reward and accuracy of a task whose reward is 1
+/// for a success and 0 otherwise): drawn as one series, named for both.
+fn same_curve(a: &[(f64, f64)], b: &[(f64, f64)]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(p, q)| p.0 == q.0 && (p.1 - q.1).abs() <= 1e-12)
+}
+
+/// Per-step curves, raw and smoothed: one named pair, or the two series as one when they
+/// coincide.
+fn reward_chart(
+    title: &str,
+    x_label: &str,
+    reward: Vec<(f64, f64)>,
+    acc: Vec<(f64, f64)>,
+) -> Chart {
+    let mut chart = Chart::new(title, x_label, "");
+    if same_curve(&reward, &acc) {
+        chart = chart.with_smoothed("mean reward = accuracy", reward);
+    } else {
+        if !reward.is_empty() {
+            chart = chart.with_smoothed("mean reward", reward);
+        }
+        if !acc.is_empty() {
+            chart = chart.with_smoothed("accuracy", acc);
+        }
+    }
+    chart
+}
+
+/// The held-out greedy success rates as points: before RL at step 0 (the policy the first
+/// step's rollouts come from), after RL at the step after the last (the policy every step
+/// trained).
+fn eval_points(summary: Option<&RunSummary>) -> Vec<(f64, f64)> {
+    let Some(s) = summary else {
+        return Vec::new();
     };
+    [
+        (0.0, s.eval_before.map(|e| e.success_rate)),
+        (s.steps as f64, s.eval_after.map(|e| e.success_rate)),
+    ]
+    .into_iter()
+    .filter_map(|(x, y)| Some((x, y?)))
+    .collect()
+}
+
+/// Draws every chart that has data; returns the file names written.
+fn plot(
+    dir: &Path,
+    rows: &[Value],
+    summary: Option<&RunSummary>,
+    timeline: &[TimelineEvent],
+) -> Result<Vec<String>, ReportError> {
+    let smoothed = |title: &str, y: &str, ys: &[(&str, &str)]| -> Chart {
+        let mut c = Chart::new(title, "step", y).integer_x();
+        for (key, name) in ys {
+            let pts = col(rows, "step", key);
+            if !pts.is_empty() {
+                c = c.with_smoothed(name, pts);
+            }
+        }
+        c
+    };
+    let mut by_step = reward_chart(
+        "Reward and accuracy by step",
+        "step",
+        col(rows, "step", "reward"),
+        col(rows, "step", "accuracy"),
+    )
+    .integer_x();
+    let evals = eval_points(summary);
+    if !evals.is_empty() {
+        by_step = by_step.with(Series::new("held-out greedy success", evals).styled(Style::Points));
+    }
+    let mut staleness =
+        Chart::new("Staleness of trained samples", "step", "policy versions").integer_x();
+    for (key, name) in [("staleness", "mean"), ("staleness_max", "max")] {
+        let pts = col(rows, "step", key);
+        if !pts.is_empty() {
+            staleness = staleness.with(Series::new(name, pts));
+        }
+    }
     let charts = [
-        (
-            "reward_vs_step.png",
-            "Reward and accuracy by step",
-            "step",
-            "",
-            series(
-                "step",
-                &[("reward", "mean reward"), ("accuracy", "accuracy")],
-            ),
-        ),
+        ("reward_vs_step.png", by_step),
         (
             "reward_vs_time.png",
-            "Reward and accuracy by wall time",
-            "wall time (s)",
-            "",
-            series(
-                "elapsed_s",
-                &[("reward", "mean reward"), ("accuracy", "accuracy")],
+            reward_chart(
+                "Reward and accuracy by wall time",
+                "wall time (s)",
+                col(rows, "elapsed_s", "reward"),
+                col(rows, "elapsed_s", "accuracy"),
             ),
         ),
         (
-            "staleness.png",
-            "Staleness of trained samples",
-            "step",
-            "policy versions",
-            series("step", &[("staleness", "mean"), ("staleness_max", "max")]),
+            "response_length.png",
+            smoothed(
+                "Response length",
+                "model tokens",
+                &[("response_len_mean", "mean"), ("response_len_max", "max")],
+            ),
         ),
+        ("staleness.png", staleness),
         (
             "throughput.png",
-            "Throughput",
-            "step",
-            "samples/s",
-            series("step", &[("samples_per_s", "trained samples/s")]),
+            smoothed(
+                "Throughput",
+                "samples/s",
+                &[("samples_per_s", "trained samples/s")],
+            ),
         ),
         (
             "tokens.png",
-            "Token throughput",
-            "step",
-            "tokens/s",
-            series("step", &[("tokens_per_s", "trained tokens/s")]),
+            smoothed(
+                "Token throughput",
+                "tokens/s",
+                &[("tokens_per_s", "trained tokens/s")],
+            ),
         ),
         (
             "idle.png",
-            "Idle ratios",
-            "step",
-            "fraction of step time",
-            series(
-                "step",
+            smoothed(
+                "Idle ratios",
+                "fraction of step time",
                 &[
                     ("rollout_idle", "rollout idle"),
                     ("trainer_idle", "trainer idle"),
@@ -174,16 +249,61 @@ fn plot(dir: &Path, rows: &[Value]) -> Result<Vec<String>, ReportError> {
         ),
     ];
     let mut written = Vec::new();
-    for (file, title, x, y, s) in charts {
-        if s.is_empty() {
+    for (file, chart) in charts {
+        if chart.series.is_empty() {
             continue;
         }
-        let mut chart = Chart::new(title, x, y);
-        chart.series = s;
         line_chart(&dir.join(file), &chart)?;
         written.push(file.to_string());
     }
+    if let Some(g) = timeline_gantt(timeline) {
+        gantt_chart(&dir.join("timeline.png"), &g)?;
+        written.push("timeline.png".into());
+    }
     Ok(written)
+}
+
+/// The kinds of timeline bar in drawing order (a pause under the syncs inside it), with
+/// their legend names and palette colours: the dashboard's (generate blue, train orange,
+/// sync green, pause grey).
+const KINDS: [(EventKind, &str, usize); 4] = [
+    (EventKind::Pause, "paused for a weight sync", 7),
+    (EventKind::Generate, "generating", 0),
+    (EventKind::Sync, "loading weights", 2),
+    (EventKind::Train, "training step", 1),
+];
+
+/// The run's timeline as a Gantt chart in seconds from its first event: one lane per
+/// backend (in order of first appearance) and the trainer's lane last.
+fn timeline_gantt(events: &[TimelineEvent]) -> Option<Gantt> {
+    let t0 = events.iter().map(|e| e.start_ms).min()?;
+    let mut lanes: Vec<String> = Vec::new();
+    for e in events {
+        if e.lane != TRAINER_LANE && !lanes.contains(&e.lane) {
+            lanes.push(e.lane.clone());
+        }
+    }
+    if events.iter().any(|e| e.lane == TRAINER_LANE) {
+        lanes.push(TRAINER_LANE.into());
+    }
+    let mut bars = Vec::with_capacity(events.len());
+    for (kind, (k, _, _)) in KINDS.iter().enumerate() {
+        bars.extend(events.iter().filter(|e| e.kind == *k).filter_map(|e| {
+            Some(Bar {
+                lane: lanes.iter().position(|l| *l == e.lane)?,
+                kind,
+                start: (e.start_ms - t0) as f64 / 1e3,
+                end: (e.end_ms.max(e.start_ms) - t0) as f64 / 1e3,
+            })
+        }));
+    }
+    Some(Gantt {
+        title: "Timeline: what each backend and the trainer did".into(),
+        x_label: "seconds since the first event".into(),
+        lanes,
+        kinds: KINDS.iter().map(|(_, n, c)| (n.to_string(), *c)).collect(),
+        bars,
+    })
 }
 
 fn mean(xs: &[(f64, f64)]) -> Option<f64> {

@@ -2,6 +2,7 @@
 //! messages for people.
 
 mod cmd;
+mod log_writer;
 mod signal;
 
 use cmd::{
@@ -88,7 +89,13 @@ fn main() -> std::result::Result<(), ErrorReport> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(log_writer::AboveBars)
+        // Colour codes only for a person at a terminal: a log redirected to a file (or read
+        // by a test) stays plain text. NO_COLOR (no-color.org) turns them off there too.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .init();
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {

@@ -4,6 +4,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -110,8 +112,10 @@ pub fn run(a: TrainArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let outcome = rt.block_on(async {
-        tokio::spawn(watch_signals(stop.clone()));
+    // Set once the run is over: a signal then only ends the kept dashboard.
+    let run_over = Arc::new(AtomicBool::new(false));
+    let (outcome, server) = rt.block_on(async {
+        tokio::spawn(watch_signals(stop.clone(), Arc::clone(&run_over)));
         // Up with the run: the page shows the warm-up and the first evaluation too.
         let server = match dash {
             Some((addr, key)) => {
@@ -122,31 +126,68 @@ pub fn run(a: TrainArgs) -> Result<()> {
             None => None,
         };
         let outcome = rollflash_run::pipeline::run_plan(plan, opts).await;
-        if let Some(d) = server {
-            if a.dashboard_keep && outcome.is_ok() && !stop.is_stopped() {
-                println!("run finished; the dashboard stays up until Ctrl-C");
-                stop.stopped().await;
-            }
-            d.shutdown().await;
-        }
-        anyhow::Ok(outcome)
+        anyhow::Ok((outcome, server))
     })?;
-    // Nothing the run started may outlive it: the runtime's drop waits for blocking work.
-    drop(rt);
     let summary = match outcome {
         Ok(s) => s,
-        Err(PipelineError::Interrupted { phase }) => {
-            println!("interrupted during {phase}: stopped before RL training; nothing was saved");
-            std::process::exit(EXIT_INTERRUPTED);
+        Err(e) => {
+            if let Some(d) = server {
+                rt.block_on(d.shutdown());
+            }
+            // Nothing the run started may outlive it: the runtime's drop waits for
+            // blocking work.
+            drop(rt);
+            if let PipelineError::Interrupted { phase } = e {
+                println!(
+                    "interrupted during {phase}: stopped before RL training; nothing was saved"
+                );
+                std::process::exit(EXIT_INTERRUPTED);
+            }
+            return Err(e.into());
         }
-        Err(e) => return Err(e.into()),
     };
+    print_summary(&summary, steps_total);
+    // The summary first, then the kept page: what the run did is on the terminal while
+    // the dashboard stays up, and Ctrl-C only ends the page.
+    if let Some(d) = server {
+        run_over.store(true, Ordering::SeqCst);
+        if a.dashboard_keep && !summary.interrupted && !stop.is_stopped() {
+            println!("run finished; the dashboard stays up until Ctrl-C");
+            rt.block_on(stop.stopped());
+        }
+        rt.block_on(d.shutdown());
+    }
+    drop(rt);
+    if summary.interrupted {
+        std::process::exit(EXIT_INTERRUPTED);
+    }
+    Ok(())
+}
+
+/// What the run did: the per-step table (the first and last steps of a long run; every
+/// step is in `metrics.jsonl`), the sample accounting, throughput, the evaluations, and
+/// where the report and the checkpoint are.
+fn print_summary(summary: &rollflash_run::pipeline::TrainSummary, steps_total: usize) {
+    /// A longer run's table shows its first and last steps only.
+    const HEAD: usize = 3;
+    const TAIL: usize = 8;
     let r = &summary.report;
     println!(
         "{:>4} {:>8} {:>6} {:>6} {:>9} {:>8} {:>7} {:>7}",
         "step", "reward", "acc", "stale", "loss", "wall s", "train s", "wait s"
     );
-    for s in &r.steps {
+    let n = r.steps.len();
+    for (i, s) in r.steps.iter().enumerate() {
+        if n > HEAD + TAIL + 1 && (HEAD..n - TAIL).contains(&i) {
+            if i == HEAD {
+                println!(
+                    "{:>4} ({} more steps in metrics.jsonl)",
+                    "…",
+                    n - HEAD - TAIL
+                );
+            }
+            continue;
+        }
         println!(
             "{:>4} {:>8.3} {:>6.3} {:>6.2} {:>9.4} {:>8.2} {:>7.2} {:>7.2}",
             s.step,
@@ -198,18 +239,22 @@ pub fn run(a: TrainArgs) -> Result<()> {
             "checkpoint: {} (continue with the same config and `--resume`)",
             summary.checkpoint.display()
         );
-        std::process::exit(EXIT_INTERRUPTED);
+    } else {
+        println!("checkpoint: {}", summary.checkpoint.display());
     }
-    println!("checkpoint: {}", summary.checkpoint.display());
-    Ok(())
 }
 
-/// First Ctrl-C / SIGTERM: ask the run to stop cleanly. Second: exit at once.
-async fn watch_signals(stop: StopFlag) {
+/// First Ctrl-C / SIGTERM: ask the run to stop cleanly (once the run is over, only the
+/// kept dashboard is left to stop). Second: exit at once.
+async fn watch_signals(stop: StopFlag, run_over: Arc<AtomicBool>) {
     crate::signal::shutdown_signal().await;
-    eprintln!(
-        "stopping: aborting rollout, finishing the running training step, saving a checkpoint (signal again to exit at once)"
-    );
+    if run_over.load(Ordering::SeqCst) {
+        eprintln!("stopping the dashboard");
+    } else {
+        eprintln!(
+            "stopping: aborting rollout, finishing the running training step, saving a checkpoint (signal again to exit at once)"
+        );
+    }
     stop.stop();
     crate::signal::shutdown_signal().await;
     eprintln!("second signal: exiting without saving");

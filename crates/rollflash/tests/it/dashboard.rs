@@ -4,7 +4,7 @@
 //! JavaScript and dumps the DOM: the curves have points, the timeline has bars for both
 //! rollout and training, the inspector lists trajectories. A screenshot is saved under the
 //! run directory (in the target dir, not committed). Skipped, saying so, when Chromium
-//! cannot be installed.
+//! cannot be installed. Also the size cap of `trajectories.jsonl` (no browser needed).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -179,4 +179,45 @@ fn the_live_dashboard_draws_curves_timeline_and_trajectories_in_chromium() {
     assert!(ok.success());
     let status = wait(&mut run, "rollflash train", Duration::from_secs(30));
     assert!(status.success(), "exit {status}");
+}
+
+/// `dashboard.trajectories_max_mb` bounds `trajectories.jsonl`: once the file reaches the cap
+/// (here 100 bytes, reached by the first step's lines), later steps save nothing and the log
+/// says from which step. No browser needed.
+#[test]
+fn trajectories_stop_at_their_size_cap_and_the_log_says_so() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("trajectories-cap-run");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut sets = crate::util::tiny_lake_sets(&dir);
+    sets.extend([
+        "warmup.steps=0".into(),
+        "train.steps=3".into(),
+        "metrics.report=false".into(),
+        "dashboard.trajectories_max_mb=0.0001".into(),
+    ]);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollflash"));
+    cmd.arg("train");
+    for s in &sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("trajectories.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(!rows.is_empty(), "the first step's trajectories are saved");
+    assert!(
+        rows.iter().all(|r| r["step"] == 0),
+        "steps after the cap saved nothing"
+    );
+    assert!(
+        stderr.contains("trajectories not saved from step 1 on"),
+        "{stderr}"
+    );
+    // Not a terminal: the log is plain text.
+    assert!(!stderr.contains('\x1b'), "colour codes in a redirected log");
 }

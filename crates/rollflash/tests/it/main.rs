@@ -22,5 +22,6 @@ mod resume;
 mod secrets;
 mod serve;
 mod serve_faults;
+mod tensorboard;
 mod util;
 mod warmup_cache;

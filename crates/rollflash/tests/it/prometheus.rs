@@ -1,5 +1,6 @@
 //! The Prometheus endpoint: scraped over HTTP, it serves the text exposition format 0.0.4
-//! with the last step's gauges, the sample accounting and the proxy's metrics.
+//! with the last step's gauges, the sample accounting and the proxy's metrics; it is up
+//! from the run's start, before the warm-up.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -96,4 +97,43 @@ async fn scrape_shows_the_step_the_accounting_and_the_proxy() {
     assert!(text.contains("# TYPE rollflash_reward gauge"));
     server.shutdown().await;
     proxy.shutdown().await.unwrap();
+}
+
+/// The endpoint comes up with the run, before the warm-up: a run stopped at its first
+/// warm-up step (the stop flag is set before it starts) has already bound it and told its
+/// address, and ends as interrupted during the warm-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_is_up_before_the_warm_up() {
+    use rollflash_run::config::TrainConfig;
+    use rollflash_run::pipeline::{self, PipelineError, RunOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TrainConfig::load(
+        None,
+        &[
+            format!("output_dir={:?}", dir.path().display().to_string()),
+            "warmup.steps=5".into(),
+            "metrics.progress=false".into(),
+        ],
+    )
+    .unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let stop = rollflash_trainer::StopFlag::new();
+    stop.stop();
+    let out = pipeline::run_with(
+        cfg,
+        RunOptions {
+            metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
+            metrics_bound: Some(tx),
+            stop,
+            ..Default::default()
+        },
+    )
+    .await;
+    match out {
+        Err(PipelineError::Interrupted { phase }) => assert_eq!(phase, "the warm-up"),
+        other => panic!("expected an interruption in the warm-up, got {other:?}"),
+    }
+    let addr = rx.await.expect("the endpoint's address before the warm-up");
+    assert!(addr.ip().is_loopback());
 }

@@ -198,6 +198,8 @@ async fn metrics_have_every_field_and_the_report_is_built_from_them() {
         "reward_vs_time.png",
         "staleness.png",
         "throughput.png",
+        "response_length.png",
+        "timeline.png",
     ] {
         let bytes = std::fs::read(dir.path().join("report").join(png)).unwrap();
         assert_eq!(&bytes[..4], b"\x89PNG", "{png}");
