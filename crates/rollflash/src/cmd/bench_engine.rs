@@ -167,6 +167,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
             Ok(())
         })
     };
+    // Memory of training itself: the resident set before the first step, and the peak over
+    // the steps (the high-water mark reset first, where Linux allows it).
+    let before = rss("VmRSS:");
+    reset_peak_rss();
     step()?;
     let t0 = Instant::now();
     for _ in 0..a.train_steps {
@@ -176,7 +180,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let toks = a.train_seqs * a.train_len;
     println!(
         "train step ({} x {} tokens, forward+backward+AdamW, {}: {:.2} M trained params): \
-         {:.3} s, {:.0} tok/s, peak RSS {}",
+         {:.3} s, {:.0} tok/s; resident {} before the first step, peak {} over the steps",
         a.train_seqs,
         a.train_len,
         match a.lora_rank {
@@ -186,17 +190,26 @@ pub fn run(a: BenchArgs) -> Result<()> {
         trained as f64 / 1e6,
         dt,
         toks as f64 / dt,
-        peak_rss().map_or("unknown".into(), |kb| format!(
-            "{:.0} MiB",
-            kb as f64 / 1024.0
-        )),
+        mib(before),
+        mib(rss("VmHWM:")),
     );
     Ok(())
 }
 
-/// The process's peak resident set (`VmHWM`, KiB) on Linux.
-fn peak_rss() -> Option<u64> {
+/// A field of `/proc/self/status` in KiB (`VmRSS:` now, `VmHWM:` the peak), on Linux.
+fn rss(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Resets the peak resident set to the current one (Linux `clear_refs` value 5); best effort.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn mib(kb: Option<u64>) -> String {
+    kb.map_or("unknown".into(), |kb| {
+        format!("{:.0} MiB", kb as f64 / 1024.0)
+    })
 }
