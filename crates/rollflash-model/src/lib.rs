@@ -51,6 +51,7 @@ mod error;
 mod fused;
 pub mod gguf;
 pub mod hf;
+pub mod lora;
 pub mod model;
 mod ops;
 pub mod sampling;

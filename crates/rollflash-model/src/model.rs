@@ -10,6 +10,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::config::ModelConfig;
+use crate::lora::{self, Adapters, PROJECTIONS};
 use crate::ops;
 use crate::weights::Weights;
 use crate::{ModelError, Result};
@@ -115,6 +116,32 @@ impl KvCache {
 struct Linear {
     w: Tensor,
     b: Option<Tensor>,
+    /// A LoRA adapter `(A, B, alpha/r)`, applied unmerged.
+    lora: Option<(Tensor, Tensor, f64)>,
+}
+
+/// How one forward treats a frozen base and the adapters' dropout.
+#[derive(Debug, Clone, Copy)]
+struct Pass {
+    /// Inference kernels (no backward).
+    fused: bool,
+    /// The base weights are constants: a training forward skips their gradients
+    /// ([`crate::fused::FrozenLinear`]).
+    frozen: bool,
+    /// Adapter dropout `(p, seed)` of a training forward.
+    dropout: Option<(f64, u64)>,
+}
+
+impl Pass {
+    /// `x · Wᵀ` for a base weight `w`.
+    fn base_matmul(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        // The frozen op is a CPU kernel; elsewhere the plain matmul is exact, only slower.
+        if self.frozen && !self.fused && x.device().is_cpu() {
+            let x = x.contiguous()?;
+            return Ok(x.apply_op1(crate::fused::FrozenLinear { w: w.clone() })?);
+        }
+        Ok(x.matmul(&w.t()?)?)
+    }
 }
 
 impl Linear {
@@ -133,16 +160,29 @@ impl Linear {
             } else {
                 None
             },
+            lora: None,
         })
     }
 
-    /// `x [n, in] → [n, out]`.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.w.t()?)?;
-        Ok(match &self.b {
+    /// `x [n, in] → [n, out]`: `x·Wᵀ + b`, plus `scale·(dropout(x)·Aᵀ)·Bᵀ` when adapted, in
+    /// PEFT's order (base output with its bias first). `site` picks the dropout stream.
+    fn forward(&self, x: &Tensor, pass: &Pass, site: (usize, usize)) -> Result<Tensor> {
+        let y = pass.base_matmul(x, &self.w)?;
+        let y = match &self.b {
             Some(b) => y.broadcast_add(b)?,
             None => y,
-        })
+        };
+        let Some((a, b, scale)) = &self.lora else {
+            return Ok(y);
+        };
+        let input = match pass.dropout {
+            Some((p, seed)) if !pass.fused && p > 0.0 => {
+                lora::dropout(x, p, lora::site_seed(seed, site.0, site.1))?
+            }
+            _ => x.clone(),
+        };
+        let delta = input.matmul(&a.t()?)?.matmul(&b.t()?)?;
+        Ok((y + (delta * *scale)?)?)
     }
 }
 
@@ -161,6 +201,26 @@ struct Layer {
     down: Linear,
 }
 
+impl Layer {
+    /// The projection at `module` (a path of [`PROJECTIONS`]).
+    fn linear_mut(&mut self, module: &str) -> Result<&mut Linear> {
+        Ok(match module {
+            "self_attn.q_proj" => &mut self.q,
+            "self_attn.k_proj" => &mut self.k,
+            "self_attn.v_proj" => &mut self.v,
+            "self_attn.o_proj" => &mut self.o,
+            "mlp.gate_proj" => &mut self.gate,
+            "mlp.up_proj" => &mut self.up,
+            "mlp.down_proj" => &mut self.down,
+            other => {
+                return Err(ModelError::InvalidRequest(format!(
+                    "no projection `{other}` in a layer"
+                )))
+            }
+        })
+    }
+}
+
 /// A transformer with its weights. Cheap to clone (tensors are shared).
 #[derive(Debug, Clone)]
 pub struct Transformer {
@@ -174,6 +234,10 @@ pub struct Transformer {
     sin: Tensor,
     dtype: DType,
     device: Device,
+    /// The LoRA adapters applied on top of the (then frozen) base, unmerged.
+    adapters: Option<Adapters>,
+    /// Seed of the adapters' dropout masks in a training forward (`None`: no dropout).
+    dropout_seed: Option<u64>,
 }
 
 impl Transformer {
@@ -255,7 +319,65 @@ impl Transformer {
             sin,
             dtype,
             device: device.clone(),
+            adapters: None,
+            dropout_seed: None,
         })
+    }
+
+    /// The model of `base` weights with LoRA `adapters` applied unmerged (the base frozen:
+    /// a training forward records gradients only for the adapters). The adapters must be
+    /// exactly those their config gives `cfg` ([`lora::check_adapters`]); they are cast to
+    /// `dtype` and shared, not copied.
+    pub fn with_adapters(
+        cfg: &ModelConfig,
+        base: &Weights,
+        adapters: &Adapters,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        adapters.config.validate("lora")?;
+        lora::check_adapters(cfg, &adapters.config, &adapters.weights)?;
+        let mut model = Transformer::from_weights(cfg, base, dtype, device)?;
+        let scale = adapters.config.scale();
+        let mut kept = Weights::default();
+        for (l, layer) in model.layers.iter_mut().enumerate() {
+            for (_, module) in PROJECTIONS {
+                let Some((a, b)) = adapters.pair(l, module) else {
+                    continue;
+                };
+                let (a, b) = (a.to_dtype(dtype)?, b.to_dtype(dtype)?);
+                kept.insert(lora::adapter_name(l, module, lora::Factor::A), a.clone());
+                kept.insert(lora::adapter_name(l, module, lora::Factor::B), b.clone());
+                layer.linear_mut(module)?.lora = Some((a, b, scale));
+            }
+        }
+        model.adapters = Some(Adapters {
+            config: adapters.config.clone(),
+            weights: kept,
+        });
+        Ok(model)
+    }
+
+    /// This model with adapter dropout on in its training forward, masks drawn from `seed`
+    /// (shares every tensor). Without adapters, or with `dropout = 0`, nothing changes.
+    pub fn with_dropout_seed(&self, seed: u64) -> Transformer {
+        let mut m = self.clone();
+        m.dropout_seed = Some(seed);
+        m
+    }
+
+    /// The LoRA adapters, when the model has them (shared, not copied).
+    pub fn adapters(&self) -> Option<&Adapters> {
+        self.adapters.as_ref()
+    }
+
+    /// The weights a server without LoRA support serves: the base with the adapters merged
+    /// in (`W + (alpha/r)·B·A`), or just the weights when there are none.
+    pub fn merged_weights(&self) -> Result<Weights> {
+        match &self.adapters {
+            Some(a) => a.merge_into(&self.cfg, &self.weights()),
+            None => Ok(self.weights()),
+        }
     }
 
     /// The model's configuration.
@@ -273,7 +395,8 @@ impl Transformer {
         &self.device
     }
 
-    /// The model's tensors under their Hugging Face names (shared, not copied).
+    /// The model's tensors under their Hugging Face names (shared, not copied). With adapters,
+    /// the frozen base without them ([`Transformer::adapters`], [`Transformer::merged_weights`]).
     pub fn weights(&self) -> Weights {
         let mut w = Weights::default();
         w.insert("model.embed_tokens.weight", self.embed.clone());
@@ -406,12 +529,26 @@ impl Transformer {
             cfg.head_dim,
         );
         let eps = cfg.rms_norm_eps;
+        let pass = Pass {
+            fused,
+            frozen: self.adapters.is_some(),
+            dropout: match (&self.adapters, self.dropout_seed) {
+                (Some(a), Some(seed)) => Some((a.config.dropout, seed)),
+                _ => None,
+            },
+        };
         let mut x = self.embed.index_select(&ids, 0)?;
         for (li, layer) in self.layers.iter().enumerate() {
             let hn = ops::rms_norm(&x, &layer.input_norm, eps, fused)?;
-            let mut q = layer.q.forward(&hn)?.reshape((n, nh, hd))?;
-            let mut k = layer.k.forward(&hn)?.reshape((n, nkv, hd))?;
-            let v = layer.v.forward(&hn)?.reshape((n, nkv, hd))?;
+            let mut q = layer.q.forward(&hn, &pass, (li, 0))?.reshape((n, nh, hd))?;
+            let mut k = layer
+                .k
+                .forward(&hn, &pass, (li, 1))?
+                .reshape((n, nkv, hd))?;
+            let v = layer
+                .v
+                .forward(&hn, &pass, (li, 2))?
+                .reshape((n, nkv, hd))?;
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
                 q = ops::rms_norm(&q, qn, eps, fused)?;
                 k = ops::rms_norm(&k, kn, eps, fused)?;
@@ -429,12 +566,16 @@ impl Transformer {
                 }
                 (Some(c), _) => self.attend_cached(li, &q, &k, &v, &spans, c, fused)?,
             };
-            x = (x + layer.o.forward(&attn)?)?;
+            x = (x + layer.o.forward(&attn, &pass, (li, 3))?)?;
             let hn = ops::rms_norm(&x, &layer.post_norm, eps, fused)?;
-            let mlp = layer.down.forward(&ops::swiglu(
-                &layer.gate.forward(&hn)?,
-                &layer.up.forward(&hn)?,
-            )?)?;
+            let mlp = layer.down.forward(
+                &ops::swiglu(
+                    &layer.gate.forward(&hn, &pass, (li, 4))?,
+                    &layer.up.forward(&hn, &pass, (li, 5))?,
+                )?,
+                &pass,
+                (li, 6),
+            )?;
             x = (x + mlp)?;
         }
         if let Some(c) = caches {
@@ -451,7 +592,7 @@ impl Transformer {
             }
         };
         let x = ops::rms_norm(&x, &self.norm, eps, fused)?;
-        Ok(x.matmul(&self.lm_head.t()?)?)
+        pass.base_matmul(&x, &self.lm_head)
     }
 
     /// Attention of chunks that continue cached sequences. New keys and values are appended to

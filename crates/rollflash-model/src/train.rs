@@ -9,17 +9,21 @@ use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 use crate::config::ModelConfig;
+use crate::lora::{self, Adapters, LoraConfig};
 use crate::model::{Chunk, Logits, Transformer};
 use crate::ops;
 use crate::weights::Weights;
 use crate::{ModelError, Result};
 
 /// A model whose parameters are candle `Var`s, so a loss over its forward can be
-/// differentiated with respect to every one of them.
+/// differentiated with respect to every one of them: all weights (full fine-tuning), or only
+/// LoRA adapters over a frozen base ([`TrainableModel::with_lora`]).
 #[derive(Debug)]
 pub struct TrainableModel {
     cfg: ModelConfig,
     /// Sorted by name, so optimizer state and gradient norms iterate deterministically.
+    /// With LoRA, the adapter matrices only (PEFT names): the base has no `Var`, hence no
+    /// gradient and no optimizer state.
     vars: Vec<(String, Var)>,
     model: Transformer,
 }
@@ -60,6 +64,63 @@ impl TrainableModel {
         })
     }
 
+    /// LoRA training: `adapters` (fresh ones from `seed` when `None`, PEFT's initialisation)
+    /// are the variables; `base` is copied once to `dtype` on `device` and frozen.
+    pub fn with_lora(
+        cfg: &ModelConfig,
+        base: &Weights,
+        lora: &LoraConfig,
+        adapters: Option<&Weights>,
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        lora.validate("lora")?;
+        let fresh;
+        let adapters = match adapters {
+            Some(a) => a,
+            None => {
+                fresh = lora::init_adapters(cfg, lora, seed, dtype, device)?;
+                &fresh
+            }
+        };
+        lora::check_adapters(cfg, lora, adapters)?;
+        // A copy: the caller's tensors may be variables a later step would change in place.
+        let mut frozen = Weights::default();
+        for name in base.names() {
+            let t = &base.tensors()[name];
+            frozen.insert(name, t.to_dtype(dtype)?.to_device(device)?.detach().copy()?);
+        }
+        let mut vars = Vec::new();
+        let mut as_tensors = Weights::default();
+        for name in adapters.names() {
+            let t = &adapters.tensors()[name];
+            let var = Var::from_tensor(&t.to_dtype(dtype)?.to_device(device)?.copy()?)?;
+            as_tensors.insert(name, var.as_tensor().clone());
+            vars.push((name.to_string(), var));
+        }
+        let model = Transformer::with_adapters(
+            cfg,
+            &frozen,
+            &Adapters {
+                config: lora.clone(),
+                weights: as_tensors,
+            },
+            dtype,
+            device,
+        )?;
+        Ok(TrainableModel {
+            cfg: cfg.clone(),
+            vars,
+            model,
+        })
+    }
+
+    /// The LoRA settings, when only adapters are trained.
+    pub fn lora(&self) -> Option<&LoraConfig> {
+        self.model.adapters().map(|a| &a.config)
+    }
+
     /// The model; its forward records gradients for the variables.
     pub fn model(&self) -> &Transformer {
         &self.model
@@ -76,15 +137,39 @@ impl TrainableModel {
     }
 
     /// An independent inference copy of the current weights (for publishing to engines:
-    /// later optimizer steps do not change it).
+    /// later optimizer steps do not change it). With LoRA only the adapters are copied: the
+    /// frozen base is shared, so publishing a version costs the adapters' size.
     pub fn snapshot(&self) -> Result<Transformer> {
-        let w = self.model.weights().deep_copy()?;
-        Transformer::from_weights(&self.cfg, &w, self.model.dtype(), self.model.device())
+        let (dtype, device) = (self.model.dtype(), self.model.device());
+        match self.model.adapters() {
+            Some(a) => {
+                let adapters = Adapters {
+                    config: a.config.clone(),
+                    weights: a.weights.deep_copy()?,
+                };
+                Transformer::with_adapters(
+                    &self.cfg,
+                    &self.model.weights(),
+                    &adapters,
+                    dtype,
+                    device,
+                )
+            }
+            None => {
+                let w = self.model.weights().deep_copy()?;
+                Transformer::from_weights(&self.cfg, &w, dtype, device)
+            }
+        }
     }
 
-    /// The current weights (shared, not copied).
+    /// The current weights (shared, not copied); with LoRA, the frozen base.
     pub fn weights(&self) -> Weights {
         self.model.weights()
+    }
+
+    /// The adapters, when only adapters are trained (shared, not copied).
+    pub fn adapters(&self) -> Option<&Adapters> {
+        self.model.adapters()
     }
 }
 

@@ -3,7 +3,8 @@
 //! another process can only load a directory. [`WeightPublisher`] writes each version once as
 //! a Hugging Face directory (`v00000007/`: `config.json`, safetensors, tokenizer files) under
 //! one root — written to a temporary name and renamed, so a server never sees half a
-//! checkpoint — and prunes all but the newest few. [`DiskWeights`] wraps a remote backend so
+//! checkpoint — and prunes all but the newest few. A model with LoRA adapters is written
+//! merged (`W + (alpha/r)·B·A`), since a server loads plain weights. [`DiskWeights`] wraps a remote backend so
 //! that an in-process update reaches it as `WeightUpdate::Disk` of that directory; every
 //! remote backend of a sync shares the one directory.
 
@@ -119,15 +120,21 @@ impl WeightPublisher {
         let tmp = self
             .root
             .join(format!(".tmp-v{:08}-{}", version.0, std::process::id()));
-        let (cfg, weights, tok) = (
-            self.model_cfg.clone(),
-            model.weights(),
-            self.tokenizer.clone(),
-        );
-        let (tmp2, dir2) = (tmp.clone(), dir.clone());
-        tokio::task::spawn_blocking(move || write_dir(&tmp2, &dir2, &cfg, &weights, tok, version))
-            .await
-            .map_err(|source| PublishError::Task { version, source })??;
+        let (cfg, tok) = (self.model_cfg.clone(), self.tokenizer.clone());
+        let (tmp2, dir2, model) = (tmp.clone(), dir.clone(), model.clone());
+        tokio::task::spawn_blocking(move || {
+            // A server knows nothing of LoRA: it gets the adapters merged into the base.
+            let weights = model
+                .merged_weights()
+                .map_err(|source| PublishError::Save {
+                    version,
+                    path: dir2.clone(),
+                    source,
+                })?;
+            write_dir(&tmp2, &dir2, &cfg, &weights, tok, version)
+        })
+        .await
+        .map_err(|source| PublishError::Task { version, source })??;
         written.push_back((version, dir.clone()));
         while written.len() > self.keep {
             if let Some((old, path)) = written.pop_front() {

@@ -10,6 +10,12 @@
 //! `kill -9` never leaves a half-written `step-N`; only the newest `keep` are kept. Reading
 //! one checks every file against `checksums.json` first: a truncated or altered file is
 //! refused by name, and [`load_latest`] falls back to the newest checkpoint that is intact.
+//!
+//! A LoRA run's checkpoint holds the frozen base as its weights and the adapter beside them
+//! in PEFT's layout (`adapter_config.json`, naming the checkpoint directory itself as the
+//! base, and `adapter_model.safetensors`): the directory is a Hugging Face model plus a PEFT
+//! adapter, `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(d), d)`, and the
+//! AdamW moments cover the adapters only.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -19,6 +25,7 @@ use candle_core::Device;
 use rollflash_core::buffer::Accounting;
 use rollflash_env::envs::dataset::DataCursor;
 use rollflash_model::config::ModelConfig;
+use rollflash_model::lora::Adapters;
 use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::train::{AdamW, OptimizerConfig};
 use rollflash_model::weights::Weights;
@@ -193,7 +200,7 @@ impl Checkpointer {
         std::fs::create_dir_all(&tmp).map_err(io("cannot create", &tmp))?;
         // A failed write (a full disk) leaves no temporary directory behind; what exists is
         // untouched.
-        if let Err(e) = self.write_files(&tmp, learner, state, metrics) {
+        if let Err(e) = self.write_files(&tmp, &dir, learner, state, metrics) {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(e);
         }
@@ -214,6 +221,7 @@ impl Checkpointer {
     fn write_files(
         &self,
         tmp: &Path,
+        dir: &Path,
         learner: &PolicyLearner,
         state: &CheckpointState,
         metrics: &Path,
@@ -233,6 +241,12 @@ impl Checkpointer {
             Some(&self.tokenizer),
         )
         .map_err(model)?;
+        if let Some(adapters) = learner.model().adapters() {
+            // The base is this directory's own weights, under the name it will have.
+            let base = std::path::absolute(dir).map_err(io("cannot resolve", dir))?;
+            rollflash_model::lora::save_peft(tmp, adapters, &base.to_string_lossy())
+                .map_err(model)?;
+        }
         let (_, moments) = learner.optimizer().state();
         moments
             .save_safetensors(&tmp.join(OPTIMIZER))
@@ -503,7 +517,10 @@ pub struct Loaded {
     pub verified: bool,
     pub state: CheckpointState,
     pub model_cfg: ModelConfig,
+    /// With adapters, the frozen base.
     pub weights: Weights,
+    /// The LoRA adapters of a LoRA run's checkpoint.
+    pub adapters: Option<Adapters>,
     /// Optimizer moments (see [`AdamW::state`]).
     pub moments: Weights,
     /// `metrics.jsonl` up to the checkpoint.
@@ -541,6 +558,11 @@ pub fn load(dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> {
     }
     let model_cfg = rollflash_model::hf::load_config(dir).map_err(model)?;
     let weights = rollflash_model::hf::load_weights(dir, device).map_err(model)?;
+    let adapters = if rollflash_model::lora::has_peft(dir) {
+        Some(rollflash_model::lora::load_peft(dir, device).map_err(model)?)
+    } else {
+        None
+    };
     let moments = Weights::load_safetensors(&[dir.join(OPTIMIZER)], device).map_err(model)?;
     let metrics = crate::metrics::read(&dir.join(METRICS))?;
     Ok(Loaded {
@@ -549,6 +571,7 @@ pub fn load(dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> {
         state,
         model_cfg,
         weights,
+        adapters,
         moments,
         metrics,
     })

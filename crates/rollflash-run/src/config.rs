@@ -397,6 +397,12 @@ pub struct TrainSection {
     pub eval_problems: usize,
     /// Samples per held-out task for pass@1 at the rollout temperature (0 = greedy only).
     pub eval_samples: usize,
+    /// `[train.lora]`: train LoRA adapters (PEFT's definition) on a frozen base instead of
+    /// every weight. Absent = full fine-tuning. Fields: `rank` (8), `alpha` (8), `dropout`
+    /// (0), `target_modules` (the attention and MLP projections: `q_proj`, `k_proj`,
+    /// `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<rollflash_model::lora::LoraConfig>,
 }
 
 /// The controller loop.
@@ -520,6 +526,7 @@ impl Default for TrainSection {
             shaping: ShapingConfig::default(),
             eval_problems: 200,
             eval_samples: 4,
+            lora: None,
         }
     }
 }
@@ -763,6 +770,12 @@ impl TrainConfig {
         let t = &self.train;
         if t.steps == 0 {
             return Err(field("train.steps", "must be at least 1"));
+        }
+        if let Some(l) = &t.lora {
+            l.validate("train.lora").map_err(|e| match e {
+                rollflash_model::ModelError::Config { field: f, reason } => field(&f, reason),
+                other => field("train.lora", other.to_string()),
+            })?;
         }
         if !(t.lr > 0.0) || !t.lr.is_finite() {
             return Err(field("train.lr", "must be > 0"));

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rollflash_core::PolicyVersion;
+use rollflash_model::train::TrainableModel;
 use rollflash_trainer::learner::PolicyLearner;
 use rollflash_trainer::{
     AsyncController, Cursor, ResumeFrom, RunEnd, RunReport, SinkError, StepRecord, StepSink,
@@ -19,7 +20,7 @@ use crate::checkpoint::{self, Checkpointer};
 use crate::config::{OnCheckpointError, TrainConfig};
 use crate::eval::{describe_eval, evaluate, evaluate_sampled, EvalResult};
 use crate::metrics::MetricsLog;
-use crate::plan::RunPlan;
+use crate::plan::{ModelSource, RunPlan};
 use crate::progress::Progress;
 use crate::prometheus::{PromServer, SharedGauges};
 use crate::report::RunSummary;
@@ -281,20 +282,47 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         }
     }
     let mut model = policy.trainable(&plan)?;
+    // Whether the weights LoRA trains on are the model directory's own (no warm-up changed
+    // them): then the final adapter can name that directory as its base.
+    let mut base_is_source = resumed.is_none();
     if resumed.is_none() {
         live.set_phase("warm-up");
         match stack::warm_up(&plan, &policy, &mut model, &opts.stop).await? {
             WarmedUp::Unsupported { env } => println!(
                 "warm-up: skipped (warm-up data exists for math and frozen_lake; env is `{env}`)"
             ),
-            WarmedUp::Reused(dir) => println!("warm-up: reused {}", dir.display()),
-            WarmedUp::Ran { stale: Some(dir) } => println!(
-                "warm-up: replaced {} (made by a build whose arithmetic differs from this one's)",
-                dir.display()
-            ),
-            WarmedUp::Skipped | WarmedUp::Ran { stale: None } => {}
+            WarmedUp::Reused(dir) => {
+                base_is_source = false;
+                println!("warm-up: reused {}", dir.display())
+            }
+            WarmedUp::Ran { stale } => {
+                base_is_source = false;
+                if let Some(dir) = stale {
+                    println!(
+                        "warm-up: replaced {} (made by a build whose arithmetic differs from this one's)",
+                        dir.display()
+                    )
+                }
+            }
+            WarmedUp::Skipped => {}
         }
     }
+    // LoRA: the warmed-up (or resumed) weights become the frozen base of the adapters.
+    if let Some(r) = &resumed {
+        if plan.lora.is_some() && r.adapters.is_none() {
+            return Err(stack::StackError::Lora(format!(
+                "{} holds no adapters (a full fine-tuning run); resume it without [train.lora]",
+                r.dir.display()
+            ))
+            .into());
+        }
+    }
+    let model = stack::adapt(
+        &plan,
+        &policy,
+        model,
+        resumed.as_ref().and_then(|r| r.adapters.as_ref()),
+    )?;
 
     let start_version = resumed
         .as_ref()
@@ -498,12 +526,7 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     } else {
         let final_dir = cfg.output_dir.join("final");
         if let Some(l) = &learner {
-            rollflash_model::hf::save_dir(
-                &final_dir,
-                &policy.model_cfg,
-                &l.model().weights(),
-                Some(&policy.tokenizer),
-            )?;
+            save_final(&plan, &policy, l.model(), &final_dir, base_is_source)?;
         }
         final_dir
     };
@@ -790,7 +813,20 @@ pub async fn evaluate_checkpoint(
     let plan = RunPlan::new(cfg.clone())?;
     stack::check_env(&plan).await?;
     let policy = Policy::from_checkpoint(&plan, dir)?;
-    let model = policy.trainable(&plan)?;
+    let mut model = policy.trainable(&plan)?;
+    // A LoRA checkpoint: its weights are the base, its PEFT adapter goes on top.
+    if rollflash_model::lora::has_peft(dir) {
+        let a = rollflash_model::lora::load_peft(dir, &plan.placement.device)?;
+        model = TrainableModel::with_lora(
+            &policy.model_cfg,
+            &model.weights(),
+            &a.config,
+            Some(&a.weights),
+            0,
+            plan.placement.dtype,
+            &plan.placement.device,
+        )?;
+    }
     let rollout = Stack::build(&plan, &policy, &model, PolicyVersion(0))?;
     rollout.connect(&policy).await?;
     let out = evaluate(
@@ -802,4 +838,45 @@ pub async fn evaluate_checkpoint(
     .await;
     rollout.proxy.shutdown().await?;
     out.ok_or(PipelineError::NoProblems)
+}
+
+/// `final/`: the trained policy as a plain Hugging Face directory. With LoRA that is the base
+/// with the adapters merged in (what `eval`, `serve` and any server load), and the adapter in
+/// PEFT's layout under `final/adapter/`, whose base is the model directory when the adapters
+/// were trained on its weights as they are, else the frozen base written to `final/base/`.
+fn save_final(
+    plan: &RunPlan,
+    policy: &Policy,
+    model: &TrainableModel,
+    dir: &Path,
+    base_is_source: bool,
+) -> Result<(), PipelineError> {
+    let tok = Some(policy.tokenizer.as_ref());
+    let Some(adapters) = model.adapters() else {
+        rollflash_model::hf::save_dir(dir, &policy.model_cfg, &model.weights(), tok)?;
+        return Ok(());
+    };
+    let merged = model.model().merged_weights()?;
+    rollflash_model::hf::save_dir(dir, &policy.model_cfg, &merged, tok)?;
+    let base = match &plan.model {
+        ModelSource::Dir(d) if base_is_source => d.clone(),
+        _ => {
+            let b = dir.join("base");
+            rollflash_model::hf::save_dir(&b, &policy.model_cfg, &model.weights(), tok)?;
+            b
+        }
+    };
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| PipelineError::Io {
+            what: "cannot write the adapter to",
+            path,
+            source,
+        }
+    };
+    let base = std::path::absolute(&base).map_err(io(&base))?;
+    let adapter_dir = dir.join("adapter");
+    std::fs::create_dir_all(&adapter_dir).map_err(io(&adapter_dir))?;
+    rollflash_model::lora::save_peft(&adapter_dir, adapters, &base.to_string_lossy())?;
+    Ok(())
 }

@@ -241,6 +241,9 @@ pub struct RunPlan {
     pub proxy: ProxyConfig,
     pub controller: ControllerConfig,
     pub learner: LearnerConfig,
+    /// `[train.lora]`: the learner trains these adapters over a frozen base (after the
+    /// warm-up, which trains the base); `None` trains every weight.
+    pub lora: Option<rollflash_model::lora::LoraConfig>,
     /// The reward at or above which a sample counts as a success.
     pub success_threshold: f64,
     pub warmup: WarmupPlan,
@@ -408,6 +411,7 @@ impl RunPlan {
             proxy,
             controller,
             learner: c.learner_config(&placement.device),
+            lora: c.train.lora.clone(),
             success_threshold: match (&c.env, c.env.spec()) {
                 (_, Some(spec)) => success_threshold(&spec.env),
                 (EnvSection::OpenEnv(o), None) => o.success_reward,
@@ -458,6 +462,20 @@ impl RunPlan {
             }
         )];
         out.push(crate::preset::describe(&self.learner));
+        out.push(match &self.lora {
+            Some(l) => format!(
+                "training: LoRA adapters (PEFT), rank {}, alpha {} (scale {}), dropout {}, on {}; \
+                 base frozen (no gradients, no optimizer state); engines apply them unmerged, \
+                 servers load them merged; checkpoints add adapter_config.json and \
+                 adapter_model.safetensors",
+                l.rank,
+                l.alpha,
+                l.scale(),
+                l.dropout,
+                l.target_modules.join(", ")
+            ),
+            None => "training: every weight (full fine-tuning)".into(),
+        });
         for b in &self.backends {
             match b {
                 BackendPlan::Engine {

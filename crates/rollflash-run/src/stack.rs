@@ -17,6 +17,7 @@ use rollflash_env::Env;
 use rollflash_model::chat::ChatTemplate;
 use rollflash_model::config::ModelConfig;
 use rollflash_model::engine::EngineConfig;
+use rollflash_model::lora::Adapters;
 use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::train::TrainableModel;
 use rollflash_model::weights::Weights;
@@ -62,6 +63,10 @@ pub enum StackError {
     /// Boxed: keeps `StackError` (and every error that wraps it) small.
     #[error("proxy: {0}")]
     Proxy(#[source] Box<ProxyError>),
+    /// LoRA adapters and the config disagree (a LoRA checkpoint resumed without
+    /// `[train.lora]`, or the other way round, or other settings).
+    #[error("train.lora: {0}")]
+    Lora(String),
 }
 
 /// The policy a run starts from, and how its conversations become tokens.
@@ -124,6 +129,44 @@ impl Policy {
             &plan.placement.device,
         )?)
     }
+}
+
+/// With `[train.lora]`, `model`'s weights become the frozen base of LoRA adapters: `adapters`
+/// (a checkpoint's, whose settings must be the config's) or fresh ones seeded by the run's
+/// seed. Without it, `model` is returned as it is, and adapters are refused. Called after
+/// the warm-up, which trains the whole model.
+pub fn adapt(
+    plan: &RunPlan,
+    policy: &Policy,
+    model: TrainableModel,
+    adapters: Option<&Adapters>,
+) -> Result<TrainableModel, StackError> {
+    let Some(lora) = &plan.lora else {
+        return match adapters {
+            Some(_) => Err(StackError::Lora(
+                "the checkpoint holds LoRA adapters; resume it with its [train.lora] section"
+                    .into(),
+            )),
+            None => Ok(model),
+        };
+    };
+    if let Some(a) = adapters {
+        if &a.config != lora {
+            return Err(StackError::Lora(format!(
+                "the checkpoint's adapters are {:?}, the config asks for {lora:?}",
+                a.config
+            )));
+        }
+    }
+    Ok(TrainableModel::with_lora(
+        &policy.model_cfg,
+        &model.weights(),
+        lora,
+        adapters.map(|a| &a.weights),
+        plan.config.seed,
+        plan.placement.dtype,
+        &plan.placement.device,
+    )?)
 }
 
 fn plain() -> Renderer {

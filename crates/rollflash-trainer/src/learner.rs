@@ -9,6 +9,10 @@
 //! behaviour log-probs (the policy that generated the sample) against the reference,
 //! `−β·(logπ_behav − logπ_ref)` added to each response token's reward before the returns.
 //! Reward and advantage shaping (`rollflash_train::shaping`) runs over the whole batch.
+//!
+//! A model with LoRA adapters ([`TrainableModel::with_lora`]) trains the same way: its
+//! variables are the adapters, so gradients, clipping and AdamW state cover them alone, and
+//! the published snapshot shares the frozen base with the engines.
 
 use std::sync::Arc;
 
@@ -222,8 +226,20 @@ impl PolicyLearner {
                     let end = (start + mb).min(n_seq);
                     let (t0, t1) = (offsets[start], offsets[end]);
                     let chunk = &seqs[start..end];
-                    let ts =
-                        token_stats(model.model(), chunk, cfg.temperature, false).map_err(err)?;
+                    // Adapter dropout (LoRA) draws fresh masks per step and micro-batch, from
+                    // the batch's version and the micro-batch's first sequence: a resumed run
+                    // draws the same ones.
+                    let dropped;
+                    let forward = match model.lora() {
+                        Some(l) if l.dropout > 0.0 => {
+                            dropped = model
+                                .model()
+                                .with_dropout_seed((batch.version.0 << 24) ^ start as u64);
+                            &dropped
+                        }
+                        _ => model.model(),
+                    };
+                    let ts = token_stats(forward, chunk, cfg.temperature, false).map_err(err)?;
                     let dtype = ts.logprobs.dtype();
                     let n = t1 - t0;
                     let to_t = |v: Vec<f32>| {

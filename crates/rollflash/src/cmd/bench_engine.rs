@@ -41,6 +41,13 @@ pub struct BenchArgs {
     train_steps: usize,
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Train LoRA adapters of this rank (alpha = 2 × rank, all seven projections) on the
+    /// frozen weights instead of every weight; 0 = full fine-tuning.
+    #[arg(long, default_value_t = 0)]
+    lora_rank: usize,
+    /// Skip the decode measurements (training only).
+    #[arg(long)]
+    no_decode: bool,
     #[command(flatten)]
     placement: super::PlacementArgs,
 }
@@ -72,7 +79,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     )?);
     let vocab = cfg.vocab_size as u32;
     let mut base = None;
-    for &b in &a.batch {
+    let batches: &[usize] = if a.no_decode { &[] } else { &a.batch };
+    for &b in batches {
         let mut e = Engine::new(
             Arc::clone(&model),
             PolicyVersion(0),
@@ -120,7 +128,25 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
     }
 
-    let trainable = TrainableModel::new(&cfg, &weights, dtype, &device)?;
+    drop(model);
+    let trainable = match a.lora_rank {
+        0 => TrainableModel::new(&cfg, &weights, dtype, &device)?,
+        r => {
+            let lora = rollflash_model::lora::LoraConfig {
+                rank: r,
+                alpha: 2.0 * r as f64,
+                ..Default::default()
+            };
+            TrainableModel::with_lora(&cfg, &weights, &lora, None, 0, dtype, &device)?
+        }
+    };
+    // The caller's copy is not needed once the trainable model holds its own.
+    drop(weights);
+    let trained: usize = trainable
+        .vars()
+        .iter()
+        .map(|(_, v)| v.as_tensor().elem_count())
+        .sum();
     let mut opt = AdamW::new(OptimizerConfig::default());
     let seqs: Vec<Vec<u32>> = (0..a.train_seqs)
         .map(|i| {
@@ -141,6 +167,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
             Ok(())
         })
     };
+    // Memory of training itself: the resident set before the first step, and the peak over
+    // the steps (the high-water mark reset first, where Linux allows it).
+    let before = rss("VmRSS:");
+    reset_peak_rss();
     step()?;
     let t0 = Instant::now();
     for _ in 0..a.train_steps {
@@ -149,11 +179,37 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let dt = t0.elapsed().as_secs_f64() / a.train_steps.max(1) as f64;
     let toks = a.train_seqs * a.train_len;
     println!(
-        "train step ({} x {} tokens, forward+backward+AdamW): {:.3} s, {:.0} tok/s",
+        "train step ({} x {} tokens, forward+backward+AdamW, {}: {:.2} M trained params): \
+         {:.3} s, {:.0} tok/s; resident {} before the first step, peak {} over the steps",
         a.train_seqs,
         a.train_len,
+        match a.lora_rank {
+            0 => "full fine-tuning".to_string(),
+            r => format!("LoRA rank {r}"),
+        },
+        trained as f64 / 1e6,
         dt,
-        toks as f64 / dt
+        toks as f64 / dt,
+        mib(before),
+        mib(rss("VmHWM:")),
     );
     Ok(())
+}
+
+/// A field of `/proc/self/status` in KiB (`VmRSS:` now, `VmHWM:` the peak), on Linux.
+fn rss(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Resets the peak resident set to the current one (Linux `clear_refs` value 5); best effort.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn mib(kb: Option<u64>) -> String {
+    kb.map_or("unknown".into(), |kb| {
+        format!("{:.0} MiB", kb as f64 / 1024.0)
+    })
 }

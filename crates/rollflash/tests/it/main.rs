@@ -16,6 +16,7 @@ mod eval;
 mod fleet;
 mod fuzz_config;
 mod interrupt;
+mod lora;
 mod prometheus;
 mod remote_env;
 mod resume;
