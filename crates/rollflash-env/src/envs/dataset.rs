@@ -96,7 +96,7 @@ pub enum AnswerRule {
     Hashes,
     /// "the answer is …".
     AnswerIs,
-    /// The last number in the response.
+    /// The last number in the response, when the response ends like a finished answer.
     LastNumber,
 }
 

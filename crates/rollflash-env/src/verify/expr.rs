@@ -1,8 +1,8 @@
 //! A small arithmetic expression evaluator shared by the math and countdown verifiers.
 //!
 //! Besides numbers it reads, in the math grammar, `n!`, `\binom{n}{k}`, `\log_b x`, `\ln x`,
-//! plain-text `sqrt(x)`/`log(x)`/`ln(x)`, `√x`, e-notation (`1.5e3`), and variables (single
-//! letters, Greek commands, longer words as one name) bound by the caller
+//! `\sqrt[n]{x}`, plain-text `sqrt(x)`/`log(x)`/`ln(x)`, `√x`, e-notation (`1.5e3`), and
+//! variables (single letters, Greek commands, longer words as one name) bound by the caller
 //! ([`evaluate_with`]): two expressions over the same variables are compared by value at a few
 //! fixed rational points ([`crate::verify::math`]), which is how `2b+3a` meets `3a+2b`.
 //!
@@ -26,6 +26,9 @@ pub const MAX_DEPTH: usize = 64;
 /// Largest `n` of `n!` and of `\binom{n}{k}` (`33!` is the largest factorial in `i128`).
 const MAX_FACTORIAL: i128 = 33;
 const MAX_BINOM_N: i128 = 120;
+
+/// Largest `n` of `\sqrt[n]{x}`.
+const MAX_ROOT_INDEX: i128 = 64;
 
 /// Largest exponent computed exactly; larger ones go through `f64`, so `2^{10^9}` costs the
 /// same as `2^3`.
@@ -258,7 +261,8 @@ impl Number {
         self.binary(o, Rational::checked_mul, |a, b| a * b)
     }
 
-    fn div(self, o: Number) -> Result<Number, ExprError> {
+    /// `self / o`, exact where both are; division by zero is an error.
+    pub fn div(self, o: Number) -> Result<Number, ExprError> {
         if o.to_f64() == 0.0 && o.exact().is_none_or(|r| r.numer() == 0) {
             return Err(ExprError::DivisionByZero);
         }
@@ -287,6 +291,40 @@ impl Number {
         }
         Number::approx(x.sqrt())
     }
+
+    /// The real `k`-th root for an integer `1 <= k <= MAX_ROOT_INDEX`: exact when numerator and
+    /// denominator are perfect powers, negative for an odd root of a negative number, an
+    /// error for an even root of one.
+    fn root(self, k: Number) -> Result<Number, ExprError> {
+        let k = k
+            .exact()
+            .and_then(|r| r.as_integer())
+            .filter(|k| (1..=MAX_ROOT_INDEX).contains(k))
+            .ok_or(ExprError::NonFinite)?;
+        let x = self.to_f64();
+        if x < 0.0 && k % 2 == 0 {
+            return Err(ExprError::NonFinite);
+        }
+        if let Some(r) = self.exact() {
+            let exact = int_root(r.numer().unsigned_abs(), k)
+                .zip(int_root(r.denom().unsigned_abs(), k))
+                .and_then(|(n, d)| Rational::new(if r.numer() < 0 { -n } else { n }, d));
+            if let Some(e) = exact {
+                return Ok(Number::Exact(e));
+            }
+        }
+        Number::approx(x.signum() * x.abs().powf(1.0 / k as f64))
+    }
+}
+
+/// The integer `k`-th root of `v` when `v` is a perfect `k`-th power.
+fn int_root(v: u128, k: i128) -> Option<i128> {
+    let v = i128::try_from(v).ok()?;
+    let e = u32::try_from(k).ok()?;
+    // f64 gets within a unit; check the neighbours exactly.
+    let guess = (v as f64).powf(1.0 / k as f64).round() as i128;
+    (guess.saturating_sub(1)..=guess.saturating_add(1))
+        .find(|r| *r >= 0 && r.checked_pow(e) == Some(v))
 }
 
 impl fmt::Display for Number {
@@ -916,7 +954,8 @@ impl Parser<'_> {
         Ok(base)
     }
 
-    /// atom := number | '(' sum ')' | '{' sum '}' | '[' sum ']' | \frac arg arg | \sqrt arg | \pi
+    /// atom := number | '(' sum ')' | '{' sum '}' | '[' sum ']' | \frac arg arg
+    ///         | \sqrt ('[' sum ']')? arg | \pi
     fn atom(&mut self) -> Result<Number, ExprError> {
         let t = self.next()?;
         match t.tok {
@@ -938,6 +977,16 @@ impl Parser<'_> {
                 let a = self.nested(|p| p.argument())?;
                 let b = self.nested(|p| p.argument())?;
                 a.div(b)
+            }
+            // `\sqrt[3]{2}`: an index in brackets makes it an n-th root.
+            Tok::Sqrt if self.grammar.latex && self.peek() == Some(Tok::Open('[')) => {
+                self.pos += 1;
+                let k = self.nested(|p| p.sum())?;
+                let close = self.next()?;
+                if close.tok != Tok::Close(']') {
+                    return Err(close.unexpected());
+                }
+                self.nested(|p| p.argument())?.root(k)
             }
             Tok::Sqrt => self.nested(|p| p.argument())?.sqrt(),
             Tok::Pi => Ok(Number::Approx(std::f64::consts::PI)),
@@ -992,6 +1041,11 @@ mod tests {
         assert_eq!(val("\\frac12"), val("0.5"));
         assert_eq!(val("\\sqrt{16}"), Number::Exact(Rational::int(4)));
         assert!(matches!(val("\\sqrt{2}"), Number::Approx(_)));
+        assert_eq!(val("\\sqrt[3]{8}"), Number::Exact(Rational::int(2)));
+        assert_eq!(val("\\sqrt[3]{-\\frac{8}{27}}"), val("-2/3"));
+        assert!(val("\\sqrt[3]{2}").equivalent(&val("2^{1/3}")));
+        assert!(evaluate("\\sqrt[2]{-4}", Grammar::MATH).is_err());
+        assert!(evaluate("\\sqrt[0]{4}", Grammar::MATH).is_err());
     }
 
     #[test]
