@@ -842,8 +842,9 @@ fn inequality_interval(s: &str) -> Option<String> {
     let closed = |op: char| matches!(op, '\u{2264}' | '\u{2265}');
     let open = |op: char| if closed(op) { '[' } else { '(' };
     let close = |op: char| if closed(op) { ']' } else { ')' };
-    // (low, its operator) and (high, its operator); `None` is infinite.
-    let (low, high): ((Option<&str>, char), (Option<&str>, char)) = match (&parts[..], &ops[..]) {
+    // An end of the interval and the operator that bounds it; `None` is infinite.
+    type End<'a> = (Option<&'a str>, char);
+    let (low, high): (End<'_>, End<'_>) = match (&parts[..], &ops[..]) {
         ([x, b], [op]) if var(x) && !var(b) => {
             if up(*op) {
                 ((None, '<'), (Some(*b), *op))
@@ -1079,7 +1080,7 @@ fn equations_equivalent(xs: &[&str], ys: &[&str]) -> bool {
     let Some(samples) = sample_points(&dx, &dy) else {
         return false;
     };
-    let ratios: Option<Vec<Number>> = samples.iter().map(|(x, y)| x.div(*y).ok()).collect();
+    let ratios: Option<Vec<Number>> = samples.iter().map(|(x, y)| x.quotient(*y).ok()).collect();
     match ratios.as_deref() {
         Some([first, rest @ ..]) => {
             first.to_f64() != 0.0 && rest.iter().all(|r| r.equivalent(first))
