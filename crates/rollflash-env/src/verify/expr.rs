@@ -262,7 +262,7 @@ impl Number {
     }
 
     /// `self / o`, exact where both are; division by zero is an error.
-    pub fn div(self, o: Number) -> Result<Number, ExprError> {
+    pub fn quotient(self, o: Number) -> Result<Number, ExprError> {
         if o.to_f64() == 0.0 && o.exact().is_none_or(|r| r.numer() == 0) {
             return Err(ExprError::DivisionByZero);
         }
@@ -899,7 +899,7 @@ impl Parser<'_> {
                 }
                 Some(Tok::Slash) => {
                     self.pos += 1;
-                    acc = acc.div(self.unary()?)?;
+                    acc = acc.quotient(self.unary()?)?;
                 }
                 Some(Tok::Open('(') | Tok::Sqrt | Tok::Pi) if self.grammar.latex => {
                     acc = acc.mul(self.power()?)?;
@@ -976,7 +976,7 @@ impl Parser<'_> {
             Tok::Frac => {
                 let a = self.nested(|p| p.argument())?;
                 let b = self.nested(|p| p.argument())?;
-                a.div(b)
+                a.quotient(b)
             }
             // `\sqrt[3]{2}`: an index in brackets makes it an n-th root.
             Tok::Sqrt if self.grammar.latex && self.peek() == Some(Tok::Open('[')) => {

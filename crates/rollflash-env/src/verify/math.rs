@@ -226,7 +226,9 @@ fn last_number(s: &str) -> Option<&str> {
     while start > 0 {
         let k = start - 1;
         let keep = match ch(k) {
-            Some(c) if c.is_ascii_digit() || matches!(c, '.' | ',' | '/' | '^' | '√' | 'π') => true,
+            Some(c) if c.is_ascii_digit() || matches!(c, '.' | ',' | '/' | '^' | '√' | 'π') => {
+                true
+            }
             // E-notation: `5e3`, `2.5E-4`.
             Some('e' | 'E') => k > 0 && digit(k - 1) && (digit(k + 1) || ch(k + 1) == Some('-')),
             Some('-' | '+') => k > 0 && matches!(ch(k - 1), Some('e' | 'E')) && digit(k + 1),
@@ -367,7 +369,11 @@ fn strip_text_groups(s: &str, unit: &mut Option<String>) -> String {
         } else {
             // A unit's exponent goes with it: `25\text{ cm}^2`, `\mathrm{m}^{2}`.
             let exp = unit_exponent_len(&rest[after..]);
-            *unit = Some(format!("{}{}", body.trim(), rest[after..after + exp].trim()));
+            *unit = Some(format!(
+                "{}{}",
+                body.trim(),
+                rest[after..after + exp].trim()
+            ));
             after += exp;
         }
         rest = &rest[after..];
@@ -420,10 +426,31 @@ fn plain_unit(s: &str) -> Option<(&str, &str)> {
 /// sides name from this table can conflict: `5\text{ m}` is not `5\text{ cm}`, but
 /// `12\text{ in}` is `12\text{ inches}`, and an unknown word (`apples`) decides nothing.
 const UNITS: [(&str, &[&str]); 24] = [
-    ("mm", &["mm", "millimeter", "millimeters", "millimetre", "millimetres"]),
-    ("cm", &["cm", "centimeter", "centimeters", "centimetre", "centimetres"]),
+    (
+        "mm",
+        &[
+            "mm",
+            "millimeter",
+            "millimeters",
+            "millimetre",
+            "millimetres",
+        ],
+    ),
+    (
+        "cm",
+        &[
+            "cm",
+            "centimeter",
+            "centimeters",
+            "centimetre",
+            "centimetres",
+        ],
+    ),
     ("m", &["m", "meter", "meters", "metre", "metres"]),
-    ("km", &["km", "kilometer", "kilometers", "kilometre", "kilometres"]),
+    (
+        "km",
+        &["km", "kilometer", "kilometers", "kilometre", "kilometres"],
+    ),
     ("in", &["in", "inch", "inches"]),
     ("ft", &["ft", "foot", "feet"]),
     ("yd", &["yd", "yard", "yards"]),
@@ -439,7 +466,16 @@ const UNITS: [(&str, &[&str]); 24] = [
     ("day", &["day", "days"]),
     ("week", &["week", "weeks"]),
     ("year", &["yr", "yrs", "year", "years"]),
-    ("ml", &["ml", "milliliter", "milliliters", "millilitre", "millilitres"]),
+    (
+        "ml",
+        &[
+            "ml",
+            "milliliter",
+            "milliliters",
+            "millilitre",
+            "millilitres",
+        ],
+    ),
     ("l", &["l", "liter", "liters", "litre", "litres"]),
     ("dollar", &["dollar", "dollars", "usd"]),
     ("cent", &["cent", "cents"]),
@@ -451,7 +487,10 @@ const UNITS: [(&str, &[&str]); 24] = [
 fn canonical_unit(unit: &str) -> Option<(&'static str, String)> {
     let (name, exp) = unit.split_once('^').unwrap_or((unit, ""));
     let name = name.trim().to_ascii_lowercase();
-    let exp: String = exp.chars().filter(|c| c.is_ascii_digit() || *c == '-').collect();
+    let exp: String = exp
+        .chars()
+        .filter(|c| c.is_ascii_digit() || *c == '-')
+        .collect();
     UNITS
         .iter()
         .find(|(_, names)| names.contains(&name.as_str()))
@@ -803,8 +842,9 @@ fn inequality_interval(s: &str) -> Option<String> {
     let closed = |op: char| matches!(op, '\u{2264}' | '\u{2265}');
     let open = |op: char| if closed(op) { '[' } else { '(' };
     let close = |op: char| if closed(op) { ']' } else { ')' };
-    // (low, its operator) and (high, its operator); `None` is infinite.
-    let (low, high): ((Option<&str>, char), (Option<&str>, char)) = match (&parts[..], &ops[..]) {
+    // An end of the interval and the operator that bounds it; `None` is infinite.
+    type End<'a> = (Option<&'a str>, char);
+    let (low, high): (End<'_>, End<'_>) = match (&parts[..], &ops[..]) {
         ([x, b], [op]) if var(x) && !var(b) => {
             if up(*op) {
                 ((None, '<'), (Some(*b), *op))
@@ -843,7 +883,11 @@ fn expand_plus_minus(s: &str) -> String {
     if s.matches('\u{00b1}').count() != 1 || split_top_level(s).len() != 1 {
         return s.to_string();
     }
-    format!("{},{}", s.replace('\u{00b1}', "+"), s.replace('\u{00b1}', "-"))
+    format!(
+        "{},{}",
+        s.replace('\u{00b1}', "+"),
+        s.replace('\u{00b1}', "-")
+    )
 }
 
 /// A normalised answer split into its shape: one value, or several.
@@ -1036,7 +1080,7 @@ fn equations_equivalent(xs: &[&str], ys: &[&str]) -> bool {
     let Some(samples) = sample_points(&dx, &dy) else {
         return false;
     };
-    let ratios: Option<Vec<Number>> = samples.iter().map(|(x, y)| x.div(*y).ok()).collect();
+    let ratios: Option<Vec<Number>> = samples.iter().map(|(x, y)| x.quotient(*y).ok()).collect();
     match ratios.as_deref() {
         Some([first, rest @ ..]) => {
             first.to_f64() != 0.0 && rest.iter().all(|r| r.equivalent(first))
@@ -1088,7 +1132,9 @@ pub fn equivalent(answer: &str, reference: &str) -> bool {
         return answer.trim() == reference.trim();
     }
     let (a, r) = (normalize_with_unit(answer), normalize_with_unit(reference));
-    if a.text.is_empty() || r.text.is_empty() || units_conflict(a.unit.as_deref(), r.unit.as_deref())
+    if a.text.is_empty()
+        || r.text.is_empty()
+        || units_conflict(a.unit.as_deref(), r.unit.as_deref())
     {
         return false;
     }
