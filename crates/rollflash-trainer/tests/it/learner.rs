@@ -428,5 +428,8 @@ fn behav_kl_is_told_apart_per_backend() {
         .find(|(k, _)| k == "behav_kl")
         .unwrap()
         .1;
-    assert!(all < 0.0, "the unknown tokens' -1 counts in the overall mean: {all}");
+    assert!(
+        all < 0.0,
+        "the unknown tokens' -1 counts in the overall mean: {all}"
+    );
 }
