@@ -379,7 +379,7 @@ fn behav_kl_is_told_apart_per_backend() {
                 (1, 0) => (
                     vec![run("a", 1), run("b", n - 1)],
                     std::iter::once(0.0)
-                        .chain(std::iter::repeat(0.25).take(n - 1))
+                        .chain(std::iter::repeat_n(0.25, n - 1))
                         .collect(),
                 ),
                 _ => (Vec::new(), vec![-1.0; n]),
