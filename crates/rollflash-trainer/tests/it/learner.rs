@@ -95,30 +95,7 @@ async fn rl_raises_the_reward_of_a_one_token_bandit() {
         vrx,
     );
     let make: EnvFactory = Arc::new(|| Ok(Box::new(DigitBandit) as Box<dyn Env>));
-    let learner = PolicyLearner::new(
-        model,
-        LearnerConfig {
-            optimizer: OptimizerConfig {
-                lr: 1e-2,
-                max_grad_norm: Some(1.0),
-                ..Default::default()
-            },
-            loss: LossConfig {
-                pg_variant: PgVariant::DecoupledPpo,
-                ..Default::default()
-            },
-            advantage: AdvantageEstimator::Grpo {
-                norm_by_std: true,
-                eps: 1e-6,
-            },
-            shaping: Default::default(),
-            temperature: 1.0,
-            threads: 1,
-            micro_batch_size: 0,
-            device: Device::Cpu,
-        },
-    )
-    .unwrap();
+    let learner = PolicyLearner::new(model, decoupled_grpo(0)).unwrap();
     let ctl = AsyncController::new(
         ControllerConfig {
             buffer: BufferConfig {
@@ -394,30 +371,7 @@ fn behav_kl_is_told_apart_per_backend() {
             }
         }
     }
-    let (_, stats) = train_once(
-        &cfg,
-        &w,
-        &batch,
-        LearnerConfig {
-            optimizer: OptimizerConfig {
-                lr: 1e-2,
-                ..Default::default()
-            },
-            loss: LossConfig {
-                pg_variant: PgVariant::DecoupledPpo,
-                ..Default::default()
-            },
-            advantage: AdvantageEstimator::Grpo {
-                norm_by_std: true,
-                eps: 1e-6,
-            },
-            shaping: Default::default(),
-            temperature: 1.0,
-            threads: 1,
-            micro_batch_size: 2,
-            device: Device::Cpu,
-        },
-    );
+    let (_, stats) = train_once(&cfg, &w, &batch, decoupled_grpo(2));
     let by: std::collections::HashMap<_, _> = stats.behav_kl_by_backend.iter().cloned().collect();
     assert_eq!(by.len(), 2, "{by:?}");
     assert!(by["a"].abs() < 1e-5, "{by:?}");
@@ -432,4 +386,29 @@ fn behav_kl_is_told_apart_per_backend() {
         all < 0.0,
         "the unknown tokens' -1 counts in the overall mean: {all}"
     );
+}
+
+/// Decoupled PPO with GRPO advantages, lr 1e-2 (gradients clipped at 1), one thread, on the
+/// CPU, in micro-batches of `micro` sequences (0 = the whole batch).
+fn decoupled_grpo(micro: usize) -> LearnerConfig {
+    LearnerConfig {
+        optimizer: OptimizerConfig {
+            lr: 1e-2,
+            max_grad_norm: Some(1.0),
+            ..Default::default()
+        },
+        loss: LossConfig {
+            pg_variant: PgVariant::DecoupledPpo,
+            ..Default::default()
+        },
+        advantage: AdvantageEstimator::Grpo {
+            norm_by_std: true,
+            eps: 1e-6,
+        },
+        shaping: Default::default(),
+        temperature: 1.0,
+        threads: 1,
+        micro_batch_size: micro,
+        device: Device::Cpu,
+    }
 }
