@@ -1,4 +1,4 @@
-//! The terminal of a run: progress bars with an ETA for its long phases (the RL steps, the
+//! The terminal of a run: progress bars with an ETA for its long phases (the warm-up, the RL steps, the
 //! held-out evaluations) and the lines printed above them. Bars are drawn only when stdout
 //! is a terminal and `metrics.progress` is on, so logs and test output stay clean.
 //!
@@ -72,7 +72,7 @@ fn bar(total: u64, template: &str) -> ProgressBar {
     bar
 }
 
-/// A bar over one long phase (an evaluation), with its rate and ETA; cleared when dropped,
+/// A bar over one long phase (the warm-up, an evaluation), with its rate and ETA; cleared when dropped,
 /// so a phase that ends by an error leaves no bar behind.
 #[derive(Debug)]
 pub struct PhaseBar {

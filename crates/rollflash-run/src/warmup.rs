@@ -51,10 +51,11 @@ pub fn run(
         .num_threads(cfg.train.threads.max(1) + cfg.rollout.engine_threads * cfg.rollout.engines)
         .build()?;
     let started = Instant::now();
-    println!(
+    crate::progress::println(format!(
         "warm-up: {} supervised steps of {} worked solutions",
         w.steps, w.batch_size
-    );
+    ));
+    let bar = crate::progress::PhaseBar::new("warm-up", w.steps as u64, "steps");
     for step in 0..w.steps {
         if stop.is_stopped() {
             return Err(WarmupError::Interrupted);
@@ -80,11 +81,12 @@ pub fn run(
         let loss = pool.install(|| {
             rollflash_trainer::supervised_step(model, &mut opt, &refs, &mask, &device)
         })?;
+        bar.inc();
         if step % 50 == 0 || step + 1 == w.steps {
-            println!(
+            crate::progress::println(format!(
                 "warm-up step {step:>4}  loss {loss:.4}  {:.0}s",
                 started.elapsed().as_secs_f64()
-            );
+            ));
         }
     }
     Ok(())
