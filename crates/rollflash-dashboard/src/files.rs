@@ -146,18 +146,33 @@ struct Appender {
 
 impl Appender {
     /// Opens `path`: truncated for a new run, appended to when `append` (a resumed one).
+    /// A resumed file first loses a torn last line (a run killed mid-write, or a disk that
+    /// filled mid-line): appending after it would glue the next record to the fragment and
+    /// leave a malformed line in the middle, which readers refuse.
     fn open(path: PathBuf, append: bool) -> Result<Self, FileError> {
+        let err = |source| FileError::Io {
+            what: "cannot write",
+            path: path.clone(),
+            source,
+        };
         let file = std::fs::OpenOptions::new()
             .create(true)
+            .read(true)
             .write(true)
             .append(append)
             .truncate(!append)
             .open(&path)
-            .map_err(|source| FileError::Io {
-                what: "cannot write",
-                path: path.clone(),
-                source,
-            })?;
+            .map_err(err)?;
+        if append {
+            let dropped = drop_torn_tail(&file).map_err(err)?;
+            if dropped > 0 {
+                tracing::warn!(
+                    path = %path.display(),
+                    bytes = dropped,
+                    "dropped a torn last line (written when the run stopped)"
+                );
+            }
+        }
         Ok(Appender {
             path,
             file: Mutex::new(file),
@@ -176,6 +191,37 @@ impl Appender {
         let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
         f.write_all(&line).and_then(|()| f.flush()).map_err(err)
     }
+}
+
+/// Truncates `file` after its last newline; returns how many bytes that removed (0 when
+/// the file is empty or ends with a newline). Reads backwards from the end, a block at a
+/// time, so a large file with a short torn tail costs one block.
+fn drop_torn_tail(file: &std::fs::File) -> std::io::Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    const BLOCK: u64 = 64 * 1024;
+    let len = file.metadata()?.len();
+    let mut reader = file;
+    let mut end = len;
+    let mut buf = vec![0u8; BLOCK as usize];
+    while end > 0 {
+        let start = end.saturating_sub(BLOCK);
+        let n = (end - start) as usize;
+        reader.seek(SeekFrom::Start(start))?;
+        reader.read_exact(&mut buf[..n])?;
+        if let Some(i) = buf[..n].iter().rposition(|&b| b == b'\n') {
+            let keep = start + i as u64 + 1;
+            if keep < len {
+                file.set_len(keep)?;
+            }
+            return Ok(len - keep);
+        }
+        end = start;
+    }
+    // No newline at all: the whole file is one torn line.
+    if len > 0 {
+        file.set_len(0)?;
+    }
+    Ok(len)
 }
 
 /// `timeline.jsonl`, written as the drivers report events. A failed write is logged once

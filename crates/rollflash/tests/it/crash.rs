@@ -350,3 +350,79 @@ async fn a_full_disk_while_checkpointing_stops_the_run_or_skips_and_keeps_what_e
         );
     }
 }
+
+/// The run directory's disk fills while the run appends its logs (`metrics.jsonl`,
+/// `trajectories.jsonl`, `timeline.jsonl`; checkpoints on a disk of their own): the run
+/// stops with `No space left on device` naming the log, what exists stays intact, and once
+/// space is freed `--resume` continues from the last checkpoint to exactly the weights of an
+/// uninterrupted run, with every step's metrics once and logs every reader still parses
+/// (the torn lines the full disk left are dropped, not glued to the next record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_while_writing_the_logs_stops_the_run_and_resume_loses_nothing() {
+    const N: usize = 6;
+    const PAGE: u64 = 4096;
+    const DISK: u64 = 8 << 20;
+    let full = tempfile::tempdir().unwrap();
+    let a = pipeline::run(cfg(full.path(), N, 0)).await.unwrap();
+    // What the logs of the whole run take.
+    let logs: u64 = ["metrics.jsonl", "trajectories.jsonl", "timeline.jsonl"]
+        .iter()
+        .map(|f| std::fs::metadata(full.path().join(f)).map_or(0, |m| m.len()))
+        .sum();
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = checkpoint::root(dir.path());
+    let Some(_disk) = Tmpfs::mount(dir.path(), DISK) else {
+        eprintln!(
+            "SKIP a_full_disk_while_writing_the_logs: cannot mount a tmpfs here (needs root \
+             and mount rights)"
+        );
+        return;
+    };
+    let Some(_ckpts) = Tmpfs::mount(&root, 64 << 20) else {
+        eprintln!("SKIP a_full_disk_while_writing_the_logs: cannot mount the checkpoints' tmpfs");
+        return;
+    };
+    // Room for about half the run's logs: the disk fills mid-run.
+    let room = (logs / 2 / PAGE).max(1) * PAGE;
+    let ballast = dir.path().join("ballast");
+    std::fs::write(&ballast, vec![0u8; (DISK - room) as usize]).unwrap();
+
+    let out = pipeline::run(cfg(dir.path(), N, 1)).await;
+    let msg = format!("{:#}", anyhow::Error::from(out.unwrap_err()));
+    assert!(
+        msg.to_lowercase().contains("no space") && msg.contains(".jsonl"),
+        "the error names the log and the cause: {msg}"
+    );
+    let done = metrics(dir.path()).len();
+    assert!(
+        (1..N).contains(&done),
+        "stopped mid-run: {done} steps logged"
+    );
+    assert!(tmp_dirs(&root).is_empty(), "{:?}", tmp_dirs(&root));
+    for d in std::fs::read_dir(&root).unwrap().filter_map(Result::ok) {
+        assert!(
+            checkpoint::verify(&d.path()).unwrap(),
+            "{:?}",
+            d.file_name()
+        );
+    }
+
+    // Space is freed; the run resumes to the end.
+    std::fs::remove_file(&ballast).unwrap();
+    let b = pipeline::run_with(
+        cfg(dir.path(), N, 1),
+        RunOptions {
+            resume: Some(Resume::Latest),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(max_weight_diff(&a.checkpoint, &b.checkpoint), 0.0);
+    check_metrics(dir.path(), N);
+    let run = rollflash_dashboard::RunDir::new(dir.path());
+    run.timeline().unwrap();
+    run.trajectories().unwrap();
+    eprintln!("disk full after {done} logged steps ({room} bytes of room; {msg})");
+}
