@@ -1,8 +1,8 @@
 //! A trained LoRA adapter, saved in PEFT's layout, loads with the real `peft` Python package
 //! (`scripts/peft_check.py`: `transformers` + `peft.PeftModel.from_pretrained`, none of our
 //! code) and gives our logits within 1e-4 (f32), for each family's reference checkpoint.
-//! Skips, saying so, when the project's `.venv` lacks torch, transformers or peft
-//! (`scripts/setup_peft.sh` installs them).
+//! `scripts/setup_peft.sh` provides the Python (the cached vLLM venv plus peft, or the
+//! project's `.venv`); the test skips, saying why, when that script cannot.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -50,14 +50,17 @@ fn train_adapter(dir: &Path, lcfg: &LoraConfig) -> TrainableModel {
 
 #[test]
 fn trained_adapter_loads_in_peft_with_the_same_logits() {
-    let py = root().join(".venv/bin/python");
-    if !py.exists() {
+    let setup = Command::new(root().join("scripts/setup_peft.sh"))
+        .output()
+        .unwrap();
+    if !setup.status.success() {
         eprintln!(
-            "SKIPPED peft check: no {} (run scripts/setup_peft.sh)",
-            py.display()
+            "SKIPPED: peft check: scripts/setup_peft.sh could not provide transformers and peft:\n{}",
+            String::from_utf8_lossy(&setup.stderr).trim()
         );
         return;
     }
+    let py = PathBuf::from(String::from_utf8_lossy(&setup.stdout).trim());
     let lcfg = LoraConfig {
         rank: 4,
         alpha: 8.0,

@@ -163,3 +163,71 @@ async fn a_fixed_weights_server_takes_only_the_version_it_serves() {
         .unwrap_err();
     assert!(e.to_string().contains("weights = \"none\""), "{e}");
 }
+
+/// A model with LoRA adapters is published merged: the directory holds `W + (alpha/r)·B·A`
+/// under the base's names, with no adapter tensors, and loads as the same policy.
+#[tokio::test]
+async fn a_lora_model_is_published_merged() {
+    use candle_core::{DType, Device};
+    use rollflash_model::lora::{init_adapters, Adapters, LoraConfig};
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tiny_model(4);
+    let cfg = base.config().clone();
+    let lora = LoraConfig::default();
+    // PEFT's initialisation with B set non-zero (a fresh B is zero: merging would be a no-op).
+    let init = init_adapters(&cfg, &lora, 1, DType::F32, &Device::Cpu).unwrap();
+    let mut weights = rollflash_model::weights::Weights::default();
+    for name in init.names() {
+        let t = &init.tensors()[name];
+        let t = if name.ends_with("lora_B.weight") {
+            (t.ones_like().unwrap() * 0.05).unwrap()
+        } else {
+            t.clone()
+        };
+        weights.insert(name, t);
+    }
+    let adapters = Adapters {
+        config: lora,
+        weights,
+    };
+    let model = rollflash_model::model::Transformer::with_adapters(
+        &cfg,
+        &base.weights(),
+        &adapters,
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let publisher = WeightPublisher::new(tmp.path().join("w"), 2, cfg.clone(), None).unwrap();
+    let dir = publisher.publish(&model, PolicyVersion(1)).await.unwrap();
+    let loaded = rollflash_model::hf::load_weights(&dir, &Device::Cpu).unwrap();
+    let merged = model.merged_weights().unwrap();
+    assert_eq!(loaded.max_abs_diff(&merged).unwrap(), 0.0);
+    assert!(loaded.max_abs_diff(&base.weights()).unwrap() > 1e-3);
+    let served =
+        rollflash_model::model::Transformer::from_weights(&cfg, &loaded, DType::F32, &Device::Cpu)
+            .unwrap();
+    let tokens = [1u32, 7, 3, 9, 2];
+    let a = model.forward_logits(&tokens).unwrap();
+    let b = served.forward_logits(&tokens).unwrap();
+    let scale = a
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let diff = (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    // Merging rounds W + ΔW once in f32; the unmerged forward rounds differently.
+    assert!(
+        diff <= 1e-4 * scale + 1e-4,
+        "served logits differ by {diff} (scale {scale})"
+    );
+}
