@@ -1,7 +1,8 @@
 //! The `Backend` conformance suite: one set of checks of the trait's contract (see
 //! `backend.rs`), run against every implementation: the engine and instant backends in
 //! process, and the SGLang-native and OpenAI-compatible clients talking to a real server
-//! (`rollout::server` over an engine) on loopback.
+//! (`rollout::server` over an engine) on loopback; `vllm.rs` runs it against `VllmBackend`
+//! and a real vLLM server.
 
 use std::sync::Arc;
 

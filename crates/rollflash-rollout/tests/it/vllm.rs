@@ -12,7 +12,8 @@
 //! keeps the partial output; an abort-mode pause returns partial tokens and the request resumes
 //! from them; a keep-mode pause across a disk weight reload labels each token with the version
 //! that produced it; the reload changes outputs, the new log-probs match our trainer on the new
-//! weights, and the served version is verified.
+//! weights, and the served version is verified; then the `Backend` conformance suite that
+//! every implementation runs (`conformance.rs`).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -536,4 +537,25 @@ async fn checks(server: &Server, model_dir: &Path, tmp: &Path) {
     let g4 = vllm.generate(greedy(70)).await.unwrap();
     assert_eq!(g4.output.tokens, g1, "the original weights are back");
     assert!(g4.output.versions.iter().all(|v| *v == PolicyVersion(2)));
+
+    // 8. The `Backend` conformance suite every implementation runs, from version 0 again.
+    let t0 = Instant::now();
+    let reset = WeightUpdate::Disk {
+        path: model_dir.to_path_buf(),
+        version: PolicyVersion(0),
+    };
+    vllm.update_weights(&reset).await.unwrap();
+    crate::conformance::check_backend(crate::conformance::Fixture {
+        backend: vllm,
+        update: WeightUpdate::Disk {
+            path: new_dir,
+            version: PolicyVersion(1),
+        },
+        greedy_is_deterministic: true,
+    })
+    .await;
+    eprintln!(
+        "vllm test: conformance suite passed in {:.1?}",
+        t0.elapsed()
+    );
 }
