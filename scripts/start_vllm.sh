@@ -29,6 +29,22 @@ PY="$("$ROOT/scripts/setup_vllm.sh")"
   exit 2
 }
 
+# With ROLLFLASH_PARENT_PID set (the real-vLLM test sets its own pid), the server does not
+# outlive that process: a test killed by a signal runs no destructor, and the test starts the
+# server in a session of its own (so that it can end the server's whole process group), where
+# no signal to the test's group reaches it. A watcher, forked before the exec below, ends this
+# process group once the parent is gone: TERM, then KILL after 10 s.
+if [ -n "${ROLLFLASH_PARENT_PID:-}" ]; then
+  GROUP="$(ps -o pgid= -p $$ | tr -d ' ')"
+  (
+    trap '' TERM
+    while kill -0 "$ROLLFLASH_PARENT_PID" 2>/dev/null; do sleep 2; done
+    kill -TERM -- "-$GROUP" 2>/dev/null || true
+    sleep 10
+    kill -KILL -- "-$GROUP" 2>/dev/null || true
+  ) </dev/null >/dev/null 2>&1 &
+fi
+
 export VLLM_SERVER_DEV_MODE=1
 # The CPU backend: no usage reports from a test machine, a modest KV cache (GiB), the cores
 # this machine has.

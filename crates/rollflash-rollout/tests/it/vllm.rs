@@ -91,6 +91,8 @@ impl Server {
             .arg(repo_root().join("scripts/start_vllm.sh"))
             .arg(model_dir)
             .arg(port.to_string())
+            // Ends the server should this test be killed before `drop` runs.
+            .env("ROLLFLASH_PARENT_PID", std::process::id().to_string())
             .stdout(file)
             .stderr(err)
             .spawn()
@@ -337,6 +339,15 @@ async fn checks(server: &Server, model_dir: &Path, tmp: &Path) {
     let prompt = tok
         .encode("The capital of France is", false)
         .expect("tokenize");
+
+    // 0. vLLM's `/tokenize` (what `rollflash train`'s start-up check compares, vLLM reporting
+    //    no vocabulary size) gives our tokenizer's ids.
+    let probe = "Q: 12+7=19, 19 - 3 = 16.\n#### 16\n\n  The café's naïve 東京 🙂\t{\"a\": [1]}";
+    let ids = rollflash_rollout::server_tokenize(&cfg, Some(MODEL), probe)
+        .await
+        .unwrap()
+        .expect("vLLM has POST /tokenize");
+    assert_eq!(ids, tok.encode(probe, false).unwrap());
 
     // 1. Token ids and log-probs, equal to the trainer's for the same weights.
     let mut worst = 0.0f32;
