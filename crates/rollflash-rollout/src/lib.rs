@@ -17,8 +17,8 @@ pub use backend::{Backend, BackendError, BackendLoad, PauseMode, TokenScore, Wei
 pub use engine_backend::{EngineBackend, EngineBackendConfig};
 pub use env_manager::{EnvFactory, EnvManager, EnvManagerConfig, GroupResult, Renderer};
 pub use http::{
-    probe_server, ChatCompletion, HttpBackendConfig, OpenAiBackend, OpenAiConfig, ServerApi,
-    ServerInfo, SglangBackend, VllmBackend, VllmPause, WeightHook,
+    probe_server, server_tokenize, ChatCompletion, HttpBackendConfig, OpenAiBackend, OpenAiConfig,
+    ServerApi, ServerInfo, SglangBackend, VllmBackend, VllmPause, WeightHook,
 };
 pub use instant::InstantBackend;
 pub use proxy::{

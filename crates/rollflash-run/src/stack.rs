@@ -612,6 +612,58 @@ impl Fleet {
             .any(|r| r.http.base_url.trim_end_matches('/') == name)
     }
 
+    /// For a server that does not report its vocabulary: its tokenizer must give
+    /// [`TOKENIZER_PROBE`] the trainer's ids, where it can tokenize (vLLM); where it cannot,
+    /// a warning says the check was not made.
+    async fn check_tokenizer(
+        &self,
+        r: &Remote,
+        http: &HttpBackendConfig,
+        model: Option<&str>,
+        policy: &Policy,
+    ) -> Result<(), StackError> {
+        let url = &r.http.base_url;
+        let refuse = |problem: String| StackError::Server {
+            url: url.clone(),
+            problem,
+        };
+        let theirs = tokio::time::timeout(
+            self.check_timeout,
+            rollflash_rollout::server_tokenize(http, model, TOKENIZER_PROBE),
+        )
+        .await
+        .map_err(|_| refuse("did not answer POST /tokenize within the check deadline".into()))?
+        .map_err(|e| refuse(format!("refused POST /tokenize: {e}")))?;
+        let Some(theirs) = theirs else {
+            tracing::warn!(
+                server = %url,
+                "the server reports neither its vocabulary size nor tokenizes; \
+                 cannot check that its tokenizer agrees with the trainer's"
+            );
+            return Ok(());
+        };
+        let ours = policy
+            .tokenizer
+            .encode(TOKENIZER_PROBE, false)
+            .map_err(|e| refuse(format!("the trainer cannot tokenize the probe text: {e}")))?;
+        if theirs != ours {
+            let at = theirs
+                .iter()
+                .zip(&ours)
+                .position(|(a, b)| a != b)
+                .unwrap_or(theirs.len().min(ours.len()));
+            return Err(refuse(format!(
+                "tokenizes {TOKENIZER_PROBE:?} differently from the trainer's tokenizer \
+                 ({} ids against {}, first difference at position {at}): token ids would not \
+                 mean the same on both sides",
+                theirs.len(),
+                ours.len()
+            )));
+        }
+        tracing::info!(server = %url, ids = ours.len(), "the server's tokenizer agrees with the trainer's");
+        Ok(())
+    }
+
     /// Health, model, vocabulary and end-of-sequence agreement of one server, within the
     /// check deadline.
     async fn check(&self, r: &Remote, policy: &Policy) -> Result<(), StackError> {
@@ -645,11 +697,10 @@ impl Fleet {
                 )))
             }
             Some(_) => {}
-            None => tracing::warn!(
-                server = %url,
-                "the server does not report its vocabulary size; \
-                 cannot check that its tokenizer agrees with the trainer's"
-            ),
+            None => {
+                self.check_tokenizer(r, &http, info.model.as_deref(), policy)
+                    .await?
+            }
         }
         if let (Some(theirs), Some(eos)) = (&info.eos_token_ids, policy.tokenizer.eos_token_id()) {
             if !theirs.contains(&eos) {
@@ -676,6 +727,11 @@ impl Fleet {
         Ok(())
     }
 }
+
+/// A text of the kinds a run's prompts and answers hold (digits, arithmetic, a `####` answer
+/// line, whitespace runs, accents, CJK, an emoji, JSON), for [`Fleet::check_tokenizer`].
+const TOKENIZER_PROBE: &str = "Q: 12+7=19, 19 - 3 = 16.\n#### 16\n\n  The café's naïve \
+    coöperation: 東京 🙂\t{\"a\": [1, 2.5]}";
 
 /// The training and evaluation factories of `source`. Remote ones share one client (one
 /// connection pool) per run: each trajectory gets a new environment, not a new client.

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rollflash_core::{GenRequest, Generated, PolicyVersion, RequestId};
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::sync::Notify;
 
 pub use openai::{ChatCompletion, OpenAiBackend, OpenAiConfig, WeightHook};
@@ -307,6 +307,36 @@ pub async fn probe_server(
         .get("eos_token_ids")
         .and_then(|v| serde_json::from_value(v.clone()).ok());
     Ok(info)
+}
+
+/// The token ids the server's own tokenizer gives `text`, no special tokens added: vLLM's
+/// `POST /tokenize {model, prompt, add_special_tokens: false}` (at the server's root, beside
+/// `/v1`). `None` where the server has no such route. For servers that do not report their
+/// vocabulary: comparing one probe text's ids with the trainer's tokenizer catches a server
+/// that serves another tokenizer, which a matching vocabulary size would not anyway.
+pub async fn server_tokenize(
+    cfg: &HttpBackendConfig,
+    model: Option<&str>,
+    text: &str,
+) -> Result<Option<Vec<u32>>, BackendError> {
+    let mut cfg = cfg.clone();
+    let trimmed = cfg.base_url.trim_end_matches('/');
+    cfg.base_url = trimmed.strip_suffix("/v1").unwrap_or(trimmed).to_string();
+    let http = HttpClient::new(&cfg)?;
+    let mut body = json!({"prompt": text, "add_special_tokens": false});
+    if let Some(m) = model {
+        body["model"] = json!(m);
+    }
+    let answer = match http.post("/tokenize", &body).await {
+        Ok(v) => v,
+        Err(BackendError::Unsupported { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let ids = answer
+        .get("tokens")
+        .and_then(|t| serde_json::from_value::<Vec<u32>>(t.clone()).ok())
+        .ok_or_else(|| http.protocol("/tokenize", "no `tokens` list of ids in the answer"))?;
+    Ok(Some(ids))
 }
 
 /// The weights version the server reports it generates with now: SGLang's

@@ -273,6 +273,59 @@ fn a_server_that_is_down_at_start_is_named() {
     );
 }
 
+/// A one-thread HTTP server on loopback that answers like vLLM's start-up routes (`/health`,
+/// `/v1/models`, no `/get_model_info`) and tokenizes every text as `tokens`: a server that
+/// serves another tokenizer with no vocabulary size to compare.
+fn fake_vllm(tokens: &'static str) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { continue };
+            let mut buf = vec![0u8; 65536];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let head = String::from_utf8_lossy(&buf[..n]).to_string();
+            let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+            let (status, body) = match path.as_str() {
+                "/health" => ("200 OK", String::new()),
+                "/v1/models" => (
+                    "200 OK",
+                    r#"{"data":[{"id":"fake","max_model_len":4096}]}"#.to_string(),
+                ),
+                "/tokenize" => ("200 OK", format!(r#"{{"count":3,"tokens":{tokens}}}"#)),
+                _ => ("404 Not Found", r#"{"detail":"Not Found"}"#.to_string()),
+            };
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+                 connection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    url
+}
+
+/// A vLLM server whose tokenizer is not the trainer's (vLLM reports no vocabulary size, so
+/// the probe text's ids are compared) is refused at start, named, before any step.
+#[test]
+fn a_server_with_another_tokenizer_is_refused_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let url = fake_vllm("[1,2,3]");
+    let config = write_config(dir, &[("vllm", &url)]);
+    let mut run = train(dir, &config);
+    let status = wait_exit(&mut run, Duration::from_secs(60), dir);
+    let err = std::fs::read_to_string(dir.join("train.err")).unwrap_or_default();
+    assert!(!status.success());
+    assert!(
+        err.contains(&url) && err.contains("tokenizes") && err.contains("first difference"),
+        "the refusal names the server and the disagreement: {err}"
+    );
+    assert!(metrics(dir).is_empty(), "no step ran");
+}
+
 #[test]
 fn a_fleet_that_all_goes_down_stops_the_run_with_a_checkpoint_after_the_serve_timeout() {
     let tmp = tempfile::tempdir().unwrap();
