@@ -440,69 +440,60 @@ fn a_fleet_that_all_goes_down_continues_on_a_server_that_comes_back() {
     );
 }
 
-/// A TCP forwarder on loopback in front of a server, run on its own thread: it passes bytes
-/// both ways until `slow` is set, then holds every byte (in both directions, on open and new
-/// connections): a server that accepts and never answers.
+/// `scripts/slow_proxy.py`: a TCP forwarder on loopback in front of a server, a process of its
+/// own; it passes bytes both ways until [`SlowProxy::stop_answering`], then holds every byte
+/// (in both directions, on open and new connections): a server that accepts and never answers.
 struct SlowProxy {
+    child: Child,
     url: String,
-    slow: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SlowProxy {
-    fn start(upstream: &str) -> SlowProxy {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        use std::sync::Arc;
-        let up: std::net::SocketAddr = upstream.strip_prefix("http://").unwrap().parse().unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let slow = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&slow);
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                // Copies one direction, holding everything once `slow` is set.
-                async fn pipe(
-                    mut from: tokio::net::tcp::OwnedReadHalf,
-                    mut to: tokio::net::tcp::OwnedWriteHalf,
-                    slow: Arc<AtomicBool>,
-                ) {
-                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                    let mut buf = vec![0u8; 64 * 1024];
-                    loop {
-                        let n = match from.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => n,
-                        };
-                        while slow.load(Ordering::SeqCst) {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                        if to.write_all(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-                while let Ok((client, _)) = listener.accept().await {
-                    let Ok(server) = tokio::net::TcpStream::connect(up).await else {
-                        continue;
-                    };
-                    let (cr, cw) = client.into_split();
-                    let (sr, sw) = server.into_split();
-                    tokio::spawn(pipe(cr, sw, Arc::clone(&flag)));
-                    tokio::spawn(pipe(sr, cw, Arc::clone(&flag)));
-                }
-            });
-        });
-        SlowProxy { url, slow }
+    /// `scripts/slow_proxy.py` forwarding to `upstream`, as its own process; `None` (the test
+    /// skips) where there is no `python3`.
+    fn start(upstream: &str) -> Option<SlowProxy> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/slow_proxy.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .arg("--upstream")
+            .arg(upstream.strip_prefix("http://").unwrap())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .ok()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("slow_proxy.py did not start: {line:?}"))
+            .to_string();
+        Some(SlowProxy { child, url })
+    }
+
+    /// From now on every byte it forwards is held (SIGUSR1).
+    fn stop_answering(&self) {
+        let ok = Command::new("kill")
+            .args(["-USR1", &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "could not signal slow_proxy.py");
     }
 }
 
-/// One of two servers stops answering mid-run (behind a forwarder that holds every byte
-/// from then on; the process itself stays up, so nothing is refused or reset): its requests
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One of two servers stops answering mid-run (behind a forwarder, a process of its own,
+/// that holds every byte from then on; the server itself stays up, so nothing is refused or
+/// reset): its requests
 /// hit the proxy's per-attempt deadline (`rollout.request_timeout_secs`) and are retried on
 /// the other server, its weight syncs hit `rollout.weight_sync_timeout_secs`, and the run
 /// finishes on the other, balanced — a bounded cost, not a hang.
@@ -514,7 +505,12 @@ fn a_server_that_stops_answering_costs_request_deadlines_not_a_hang() {
     std::fs::create_dir_all(&published).unwrap();
     let a = serve(&published, &dir.join("serve-a.err"));
     let b = serve(&published, &dir.join("serve-b.err"));
-    let slow = SlowProxy::start(&b.url);
+    let Some(slow) = SlowProxy::start(&b.url) else {
+        eprintln!(
+            "SKIPPED: a_server_that_stops_answering: no python3 to run scripts/slow_proxy.py"
+        );
+        return;
+    };
     let config = write_config(dir, &[("sglang", &a.url), ("sglang", &slow.url)]);
     let mut run = train_with(
         dir,
@@ -533,7 +529,7 @@ fn a_server_that_stops_answering_costs_request_deadlines_not_a_hang() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    slow.slow.store(true, std::sync::atomic::Ordering::SeqCst);
+    slow.stop_answering();
     let since = Instant::now();
     let status = wait_exit(&mut run, Duration::from_secs(120), dir);
     let err = std::fs::read_to_string(dir.join("train.err")).unwrap_or_default();
