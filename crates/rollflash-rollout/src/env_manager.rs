@@ -98,6 +98,39 @@ pub struct EnvManager {
     /// anywhere) or `PerRequest` (the whole group pinned to one backend, as one
     /// `n`-per-request call would be). `rollflash bench` measures the difference.
     replication: Replication,
+    /// Shared by the manager's clones: every group's outcome feeds it.
+    backoff: Arc<FailureBackoff>,
+}
+
+/// Paces groups while every trajectory fails (an environment server that is down, a model
+/// server refusing every request): without it a group's freed slot starts the next group at
+/// once, which fails at once, and an outage of three seconds became 20 000 failed
+/// trajectories in the chaos run (`scripts/chaos.sh`, RELIABILITY.md). A group none of whose
+/// trajectories is usable, and at least one failed, waits before it returns (holding its
+/// slot): [`FailureBackoff::FIRST`], doubling with each such group in a row up to
+/// [`FailureBackoff::MAX`]; a group with a usable trajectory resets it. Failures stay
+/// counted; only their rate is bounded.
+#[derive(Debug, Default)]
+pub struct FailureBackoff {
+    streak: std::sync::atomic::AtomicU32,
+}
+
+impl FailureBackoff {
+    /// The wait after the first all-failed group.
+    pub const FIRST: Duration = Duration::from_millis(50);
+    /// The longest wait.
+    pub const MAX: Duration = Duration::from_secs(5);
+
+    /// Records one group's outcome; the wait before it returns (`None`: none).
+    pub fn record(&self, usable: usize, failed: usize) -> Option<Duration> {
+        use std::sync::atomic::Ordering;
+        if usable > 0 || failed == 0 {
+            self.streak.store(0, Ordering::Relaxed);
+            return None;
+        }
+        let before = self.streak.fetch_add(1, Ordering::Relaxed).min(16);
+        Some((Self::FIRST * 2u32.pow(before)).min(Self::MAX))
+    }
 }
 
 impl std::fmt::Debug for EnvManager {
@@ -139,6 +172,7 @@ impl EnvManager {
             cfg,
             version,
             replication: Replication::Expand,
+            backoff: Arc::default(),
         }
     }
 
@@ -222,6 +256,14 @@ impl EnvManager {
             }
         }
         result.complete = progress.is_complete();
+        if let Some(wait) = self.backoff.record(result.kept.len(), result.failed.len()) {
+            tracing::debug!(
+                wait_ms = wait.as_millis() as u64,
+                failed = result.failed.len(),
+                "every trajectory of the group failed: waiting before the next"
+            );
+            tokio::time::sleep(wait).await;
+        }
         result
     }
 

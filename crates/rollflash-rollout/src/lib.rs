@@ -15,7 +15,9 @@ pub mod timeline;
 
 pub use backend::{Backend, BackendError, BackendLoad, PauseMode, TokenScore, WeightUpdate};
 pub use engine_backend::{EngineBackend, EngineBackendConfig};
-pub use env_manager::{EnvFactory, EnvManager, EnvManagerConfig, GroupResult, Renderer};
+pub use env_manager::{
+    EnvFactory, EnvManager, EnvManagerConfig, FailureBackoff, GroupResult, Renderer,
+};
 pub use http::{
     probe_server, server_tokenize, ChatCompletion, HttpBackendConfig, OpenAiBackend, OpenAiConfig,
     ServerApi, ServerInfo, SglangBackend, VllmBackend, VllmPause, WeightHook,

@@ -220,6 +220,50 @@ async fn failing_environments_cost_one_trajectory_each() {
     proxy.shutdown().await.unwrap();
 }
 
+/// Groups whose every trajectory fails are paced: each waits 50 ms, 100, 200, … (at most
+/// 5 s) before it returns, so an environment server that is down costs a bounded number of
+/// failed trajectories instead of a spin; a group with a usable trajectory resets the pace.
+#[tokio::test(start_paused = true)]
+async fn groups_that_fail_entirely_back_off_exponentially_and_a_success_resets() {
+    use rollflash_rollout::FailureBackoff;
+    let (proxy, _) = instant_proxy(8);
+    let m = manager(&proxy, plain(), cfg(3, 4));
+    let mut waits = Vec::new();
+    for _ in 0..9 {
+        let t = tokio::time::Instant::now();
+        let g = m.run_group(factory(Behaviour::Crash), 7, 2, 0).await;
+        assert_eq!(g.failed.len(), 2);
+        waits.push(t.elapsed().as_millis());
+    }
+    assert_eq!(waits, [50, 100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+    // A usable group returns at once and resets the streak.
+    let t = tokio::time::Instant::now();
+    let ok = m
+        .run_group(
+            factory(Behaviour::Count {
+                turns: 1,
+                latency: Duration::ZERO,
+            }),
+            7,
+            2,
+            0,
+        )
+        .await;
+    assert!(ok.complete);
+    assert_eq!(t.elapsed(), Duration::ZERO);
+    let t = tokio::time::Instant::now();
+    m.run_group(factory(Behaviour::Crash), 7, 2, 0).await;
+    assert_eq!(t.elapsed(), FailureBackoff::FIRST);
+    proxy.shutdown().await.unwrap();
+
+    // The rule as plain data: aborted-only groups (a shutdown) neither wait nor count.
+    let b = FailureBackoff::default();
+    assert_eq!(b.record(0, 0), None);
+    assert_eq!(b.record(0, 3), Some(FailureBackoff::FIRST));
+    assert_eq!(b.record(1, 3), None);
+    assert_eq!(b.record(0, 1), Some(FailureBackoff::FIRST));
+}
+
 /// A group of 4 + 2 redundant trajectories where two environments crash and one hangs:
 /// redundancy covers the failures... the hang outlives the group and is aborted.
 #[tokio::test(start_paused = true)]
