@@ -22,7 +22,7 @@
 #   --wait-idle SECS       before each run, wait up to SECS for the CPUs to be idle [0 = don't]
 #   --log-dir DIR          keep every raw output there [a temp dir]
 #
-# Environment: ROLLFLASH_BIN (default target/release/rollflash; built with
+# Environment: TORCH_PYTHON (see below), ROLLFLASH_BIN (default target/release/rollflash; built with
 # `cargo build --release -p rollflash` when missing). Both sides run with their default
 # threading behaviour, and both spin-wait between parallel ops, so measure on a quiet machine:
 # with another busy process on a 2-core machine, rollflash (candle's barrier pool) and PyTorch
@@ -80,8 +80,16 @@ if [ ! -x "$BIN" ]; then
   echo "bench_engine_vs_torch.sh: $BIN missing; building it" >&2
   cargo build --release -p rollflash >&2 || die "cargo build --release -p rollflash failed"
 fi
-"$ROOT/scripts/setup_torch.sh" || die "no working PyTorch (scripts/setup_torch.sh failed)"
-PY="$ROOT/.venv/bin/python"
+# TORCH_PYTHON: a python whose torch to use instead of installing one into .venv (for example
+# the cached vLLM venv's, ~/.cache/rollflash/vllm-venv/bin/python: torch 2.13, not the pinned
+# 2.15; say which in any table).
+if [ -n "${TORCH_PYTHON:-}" ]; then
+  PY="$TORCH_PYTHON"
+  "$PY" -c 'import torch' || die "TORCH_PYTHON=$PY cannot import torch"
+else
+  "$ROOT/scripts/setup_torch.sh" || die "no working PyTorch (scripts/setup_torch.sh failed)"
+  PY="$ROOT/.venv/bin/python"
+fi
 
 SMOL_DIR="$ROOT/models/smollm2-hf"
 if [[ ",$MODELS," == *,smollm2,* ]] && [ ! -f "$SMOL_DIR/config.json" ]; then
