@@ -26,6 +26,20 @@ fn check_metrics(dir: &Path, steps: usize) {
     crate::util::assert_balanced(last, "last step");
 }
 
+/// `--resume` of the newest checkpoint, as the binary does it.
+async fn resume_latest(
+    c: rollflash_run::config::TrainConfig,
+) -> Result<pipeline::TrainSummary, pipeline::PipelineError> {
+    pipeline::run_with(
+        c,
+        RunOptions {
+            resume: Some(Resume::Latest),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
 fn tmp_dirs(root: &Path) -> Vec<String> {
     std::fs::read_dir(root)
         .map(|rd| {
@@ -96,15 +110,7 @@ async fn a_damaged_checkpoint_is_refused_by_name_and_resume_falls_back_to_an_int
     std::fs::create_dir_all(root.join(".tmp-step-00000004")).unwrap();
 
     // Resumed to N: from step 1, the two damaged ones set aside.
-    let b = pipeline::run_with(
-        cfg(part.path(), N, 1),
-        RunOptions {
-            resume: Some(Resume::Latest),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let b = resume_latest(cfg(part.path(), N, 1)).await.unwrap();
     assert_eq!(b.resumed_from.as_deref(), Some(step(&root, 1).as_path()));
     assert_eq!(b.report.steps.len(), N - 1);
     assert!(root.join("refused-step-00000003").is_dir());
@@ -139,15 +145,7 @@ async fn a_run_killed_after_its_last_checkpoint_resumes_to_its_final_weights() {
     let keep = tempfile::tempdir().unwrap();
     let first = keep.path().join("final");
     std::fs::rename(&a.checkpoint, &first).unwrap();
-    let b = pipeline::run_with(
-        cfg(dir.path(), N, 1),
-        RunOptions {
-            resume: Some(Resume::Latest),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let b = resume_latest(cfg(dir.path(), N, 1)).await.unwrap();
     assert_eq!(b.report.steps.len(), 0);
     assert_eq!(max_weight_diff(&first, &b.checkpoint), 0.0);
     check_metrics(dir.path(), N);
@@ -410,15 +408,7 @@ async fn a_full_disk_while_writing_the_logs_stops_the_run_and_resume_loses_nothi
 
     // Space is freed; the run resumes to the end.
     std::fs::remove_file(&ballast).unwrap();
-    let b = pipeline::run_with(
-        cfg(dir.path(), N, 1),
-        RunOptions {
-            resume: Some(Resume::Latest),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let b = resume_latest(cfg(dir.path(), N, 1)).await.unwrap();
     assert_eq!(max_weight_diff(&a.checkpoint, &b.checkpoint), 0.0);
     check_metrics(dir.path(), N);
     let run = rollflash_dashboard::RunDir::new(dir.path());
