@@ -84,7 +84,8 @@ pub struct ProxyConfig {
     /// Bound on one backend's `update_weights` (a sync's and a catch-up's alike): past it the
     /// update counts as failed, the backend leaves rotation and is probed back in, and the
     /// sync goes on with the others. A backend's own tighter bound (an HTTP client's
-    /// timeout) fires first.
+    /// timeout) fires first. The default for backends without their own
+    /// ([`BackendEntry::update_timeout`]).
     pub update_timeout: Duration,
     /// Where the proxy reports what its backends do (busy intervals, pauses, weight
     /// loads); `None` reports nothing.
@@ -119,6 +120,10 @@ pub struct BackendEntry {
     pub backend: Arc<dyn Backend>,
     /// At most this many requests run on it at once; the rest wait in the proxy's queue.
     pub max_running_requests: usize,
+    /// Bound on one weight update of this backend (and on its pause and resume around it);
+    /// `None` = [`ProxyConfig::update_timeout`]. A server whose reload is known to be slow
+    /// gets a longer one without delaying how fast a hung fast one is given up on.
+    pub update_timeout: Option<Duration>,
 }
 
 /// How the `n` responses of one prompt are requested.
@@ -234,8 +239,9 @@ struct Publication {
     /// A std `Mutex`: read and replaced, never held across an `.await`.
     latest: std::sync::Mutex<Option<WeightUpdate>>,
     locks: Vec<tokio::sync::Mutex<()>>,
-    /// Bound on one backend's update ([`ProxyConfig::update_timeout`]).
-    timeout: Duration,
+    /// Per backend: bound on one update ([`BackendEntry::update_timeout`], else
+    /// [`ProxyConfig::update_timeout`]).
+    timeouts: Vec<Duration>,
     /// Per backend: it failed a call and is being probed back in. A sync skips it (its
     /// probe gives it the latest weights before it rejoins), so a dead server costs a sync
     /// nothing rather than its connection retries every time.
@@ -248,6 +254,14 @@ impl Publication {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Backend `i`'s update deadline.
+    fn timeout(&self, i: usize) -> Duration {
+        self.timeouts
+            .get(i)
+            .copied()
+            .unwrap_or(DEFAULT_UPDATE_TIMEOUT)
     }
 
     fn is_down(&self, i: usize) -> bool {
@@ -278,10 +292,11 @@ impl Publication {
         };
         // One deadline for the wait on the lock and the update: a catch-up stuck on a dead
         // server must not hold a sync past it.
-        let deadline = Instant::now() + self.timeout;
+        let limit = self.timeout(i);
+        let deadline = Instant::now() + limit;
         let timed_out = || BackendError::Timeout {
             backend: backend.name().to_string(),
-            secs: self.timeout.as_secs_f64(),
+            secs: limit.as_secs_f64(),
         };
         let (r, _held) = match tokio::time::timeout_at(deadline, lock.lock()).await {
             Ok(held) => {
@@ -343,7 +358,10 @@ impl LlmProxy {
         let weights = Arc::new(Publication {
             latest: std::sync::Mutex::new(None),
             locks: list.iter().map(|_| tokio::sync::Mutex::new(())).collect(),
-            timeout: cfg.update_timeout,
+            timeouts: backends
+                .iter()
+                .map(|b| b.update_timeout.unwrap_or(cfg.update_timeout))
+                .collect(),
             down: list
                 .iter()
                 .map(|_| std::sync::atomic::AtomicBool::new(false))
@@ -867,13 +885,11 @@ impl ProxyTask {
                 self.paused_backends = Some(targets.clone());
                 // Bounded like an update: a server that never answers its pause must not
                 // hold the sync (its requests are bounded by their own deadlines).
-                let limit = self.weights.timeout;
+                let weights = Arc::clone(&self.weights);
                 self.tasks.spawn(async move {
-                    let _ = futures::future::join_all(
-                        targets
-                            .iter()
-                            .map(|&i| tokio::time::timeout(limit, backends[i].pause(mode))),
-                    )
+                    let _ = futures::future::join_all(targets.iter().map(|&i| {
+                        tokio::time::timeout(weights.timeout(i), backends[i].pause(mode))
+                    }))
                     .await;
                     let _ = ack.send(());
                 });
@@ -885,14 +901,13 @@ impl ProxyTask {
                     .take()
                     .unwrap_or_else(|| (0..backends.len()).collect());
                 let tx = self.tx.clone();
-                let limit = self.weights.timeout;
+                let weights = Arc::clone(&self.weights);
                 self.tasks.spawn(async move {
-                    let _ = futures::future::join_all(
-                        targets
-                            .iter()
-                            .map(|&i| tokio::time::timeout(limit, backends[i].resume())),
-                    )
-                    .await;
+                    let _ =
+                        futures::future::join_all(targets.iter().map(|&i| {
+                            tokio::time::timeout(weights.timeout(i), backends[i].resume())
+                        }))
+                        .await;
                     // Dispatch only once the backends generate again.
                     let _ = tx.send(Msg::Resumed(ack));
                 });
@@ -1145,7 +1160,7 @@ impl ProxyTask {
                 }
                 // A pause may have reached it before it went down, and the resume skipped
                 // it: it must generate again before it rejoins.
-                if tokio::time::timeout(weights.timeout, backend.resume())
+                if tokio::time::timeout(weights.timeout(b.0), backend.resume())
                     .await
                     .map_or(true, |r| r.is_err())
                 {

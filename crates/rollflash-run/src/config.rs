@@ -292,6 +292,12 @@ pub struct ServerSection {
     /// Bound on opening a connection to it (default 5).
     #[serde(default)]
     pub connect_timeout_secs: Option<f64>,
+    /// Bound on one weight update of this server, its pause and resume included (default
+    /// `rollout.weight_sync_timeout_secs`): a server whose reload is slow gets more time
+    /// without the others' hung updates being waited on as long. Each HTTP call of the
+    /// update is also bounded by `timeout_secs`.
+    #[serde(default)]
+    pub weight_sync_timeout_secs: Option<f64>,
 }
 
 impl std::fmt::Debug for ServerSection {
@@ -306,6 +312,7 @@ impl std::fmt::Debug for ServerSection {
             .field("model", &self.model)
             .field("timeout_secs", &self.timeout_secs)
             .field("connect_timeout_secs", &self.connect_timeout_secs)
+            .field("weight_sync_timeout_secs", &self.weight_sync_timeout_secs)
             .finish()
     }
 }
@@ -354,6 +361,7 @@ impl ServerSection {
         for (f, v) in [
             ("timeout_secs", self.timeout_secs),
             ("connect_timeout_secs", self.connect_timeout_secs),
+            ("weight_sync_timeout_secs", self.weight_sync_timeout_secs),
         ] {
             if let Some(v) = v {
                 check_timeout(&name(f), v)?;
@@ -715,9 +723,7 @@ impl TrainConfig {
                 r.server_check_timeout_secs,
             ),
         ] {
-            if !(v > 0.0) || !v.is_finite() {
-                return Err(field(name, "must be > 0"));
-            }
+            check_timeout(name, v)?;
         }
         if r.engine_threads == 0 {
             return Err(field("rollout.engine_threads", "must be at least 1"));
@@ -746,24 +752,12 @@ impl TrainConfig {
                 "leaves no room to generate",
             ));
         }
-        if !(r.step_timeout_secs > 0.0) || !r.step_timeout_secs.is_finite() {
-            return Err(field("rollout.step_timeout_secs", "must be > 0"));
-        }
-        if !(r.request_timeout_secs > 0.0) || !r.request_timeout_secs.is_finite() {
-            return Err(field("rollout.request_timeout_secs", "must be > 0"));
-        }
+        check_timeout("rollout.step_timeout_secs", r.step_timeout_secs)?;
+        check_timeout("rollout.request_timeout_secs", r.request_timeout_secs)?;
         let c = &self.controller;
-        if !(c.serve_timeout_secs > 0.0) || !c.serve_timeout_secs.is_finite() {
-            return Err(field("controller.serve_timeout_secs", "must be > 0"));
-        }
-        // Bounded: the deadline is an `Instant` offset (a year is far beyond any run).
-        if !(c.progress_timeout_secs > 0.0) || !(c.progress_timeout_secs <= 3.2e7) {
-            return Err(field(
-                "controller.progress_timeout_secs",
-                "must be > 0 and at most a year (3.2e7)",
-            ));
-        }
-        if !(c.stall_report_secs >= 0.0) || !(c.stall_report_secs <= 3.2e7) {
+        check_timeout("controller.serve_timeout_secs", c.serve_timeout_secs)?;
+        check_timeout("controller.progress_timeout_secs", c.progress_timeout_secs)?;
+        if !(c.stall_report_secs >= 0.0) || !(c.stall_report_secs <= MAX_TIMEOUT_SECS) {
             return Err(field(
                 "controller.stall_report_secs",
                 "must be >= 0 (0 = never) and at most a year (3.2e7)",
@@ -1194,8 +1188,16 @@ fn check_timeout(name: &str, secs: f64) -> Result<(), ConfigError> {
     if !(secs > 0.0) || !secs.is_finite() {
         return Err(field(name, "must be > 0"));
     }
+    // A deadline is an `Instant` offset: one past a year is no bound a run needs, and a
+    // huge one would overflow `Duration`/`Instant` arithmetic instead of failing here.
+    if secs > MAX_TIMEOUT_SECS {
+        return Err(field(name, "must be at most 3.2e7 (about a year)"));
+    }
     Ok(())
 }
+
+/// The largest timeout accepted anywhere (about a year, in seconds).
+const MAX_TIMEOUT_SECS: f64 = 3.2e7;
 
 /// Reads the API key a section names: inline, or from its environment variable (an unset
 /// or empty variable is an error naming the field).

@@ -123,6 +123,9 @@ pub enum BackendPlan {
         weights: ServerWeights,
         /// The `model` of OpenAI requests (`None`: the server's first).
         model: Option<String>,
+        /// Bound on one weight update of it (its own `weight_sync_timeout_secs`, else
+        /// `rollout.weight_sync_timeout_secs`).
+        weight_sync_timeout: Duration,
     },
 }
 
@@ -329,6 +332,10 @@ impl RunPlan {
                 max_running_requests: srv.max_running_requests,
                 weights: srv.weights,
                 model: srv.model.clone(),
+                weight_sync_timeout: Duration::from_secs_f64(
+                    srv.weight_sync_timeout_secs
+                        .unwrap_or(r.weight_sync_timeout_secs),
+                ),
             });
         }
         let weights_dir = backends
@@ -490,10 +497,11 @@ impl RunPlan {
                     http,
                     max_running_requests,
                     weights,
+                    weight_sync_timeout,
                     ..
                 } => out.push(format!(
                     "backend {}: {} server, {max_running_requests} running requests, {}{}, \
-                     {:.0} s per call",
+                     {:.0} s per call{}",
                     http.base_url,
                     match kind {
                         ServerKind::Sglang => "SGLang (native API)",
@@ -508,6 +516,13 @@ impl RunPlan {
                     },
                     if http.api_key.is_some() { ", API key set" } else { "" },
                     http.timeout.as_secs_f64(),
+                    match weights {
+                        ServerWeights::Disk => format!(
+                            ", a weight update within {:.0} s",
+                            weight_sync_timeout.as_secs_f64()
+                        ),
+                        ServerWeights::None => String::new(),
+                    },
                 )),
             }
         }
@@ -518,10 +533,9 @@ impl RunPlan {
         {
             out.push(format!(
                 "fleet: {} backend(s) behind one proxy; start-up checks and first weight load \
-                 within {:.0} s each, a weight update within {:.0} s",
+                 within {:.0} s each",
                 self.backends.len(),
                 self.server_check_timeout.as_secs_f64(),
-                self.proxy.update_timeout.as_secs_f64(),
             ));
         }
         out.push(format!("env `{}` {}", self.env.name(), self.env.location()));

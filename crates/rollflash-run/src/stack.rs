@@ -408,7 +408,11 @@ impl Stack {
         let mut backends = Vec::with_capacity(plan.backends.len());
         let mut remotes = Vec::new();
         for b in &plan.backends {
-            let (backend, max_running): (Arc<dyn Backend>, usize) = match b {
+            let (backend, max_running, update_timeout): (
+                Arc<dyn Backend>,
+                usize,
+                Option<std::time::Duration>,
+            ) = match b {
                 BackendPlan::Engine {
                     name,
                     threads,
@@ -427,6 +431,7 @@ impl Stack {
                         },
                     )?),
                     *max_running_requests,
+                    None,
                 ),
                 BackendPlan::Remote {
                     kind,
@@ -434,6 +439,7 @@ impl Stack {
                     max_running_requests,
                     weights,
                     model,
+                    weight_sync_timeout,
                 } => {
                     let mut http = http.clone();
                     http.initial_version = version;
@@ -445,7 +451,7 @@ impl Stack {
                         }
                         _ => Arc::new(FixedWeights::new(client, version)),
                     };
-                    (backend, *max_running_requests)
+                    (backend, *max_running_requests, Some(*weight_sync_timeout))
                 }
             };
             let backend = match &hooks.wrap_backend {
@@ -455,6 +461,7 @@ impl Stack {
             backends.push(BackendEntry {
                 backend,
                 max_running_requests: max_running,
+                update_timeout,
             });
         }
         let proxy_cfg = rollflash_rollout::ProxyConfig {

@@ -70,6 +70,7 @@ async fn roll_out_async(
         backends.push(BackendEntry {
             backend: Arc::new(b) as Arc<dyn Backend>,
             max_running_requests: plan.max_running,
+            update_timeout: None,
         });
     }
     let routing = plan.routing.policy();

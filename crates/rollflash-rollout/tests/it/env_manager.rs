@@ -85,6 +85,7 @@ fn instant_proxy(cap: usize) -> (LlmProxy, Arc<InstantBackend>) {
         vec![BackendEntry {
             backend: b.clone() as Arc<dyn Backend>,
             max_running_requests: cap,
+            update_timeout: None,
         }],
         Box::new(LeastLoaded),
         ProxyConfig::default(),
@@ -311,6 +312,7 @@ async fn trajectories_waiting_on_environments_hold_no_generation_slot() {
         vec![BackendEntry {
             backend: b.clone() as Arc<dyn Backend>,
             max_running_requests: 4,
+            update_timeout: None,
         }],
         Box::new(Sticky::default()),
         ProxyConfig::default(),
@@ -396,6 +398,7 @@ async fn trajectories_through_a_real_engine() {
         vec![BackendEntry {
             backend: e as Arc<dyn Backend>,
             max_running_requests: 8,
+            update_timeout: None,
         }],
         Box::new(Sticky::default()),
         ProxyConfig::default(),
@@ -434,6 +437,7 @@ async fn a_generation_that_times_out_fails_its_trajectory() {
         vec![BackendEntry {
             backend: hung.clone() as Arc<dyn Backend>,
             max_running_requests: 4,
+            update_timeout: None,
         }],
         Box::new(LeastLoaded),
         ProxyConfig::default(),

@@ -19,6 +19,7 @@ fn entry(b: &Arc<InstantBackend>) -> BackendEntry {
     BackendEntry {
         backend: Arc::clone(b) as Arc<dyn Backend>,
         max_running_requests: 4,
+        update_timeout: None,
     }
 }
 
@@ -209,6 +210,7 @@ async fn a_weight_update_that_never_returns_costs_one_deadline_and_the_others_se
             BackendEntry {
                 backend: Arc::new(WedgedUpdates(Arc::clone(&b))),
                 max_running_requests: 4,
+                update_timeout: None,
             },
         ],
         Box::new(RoundRobin::default()),
@@ -246,4 +248,62 @@ async fn a_weight_update_that_never_returns_costs_one_deadline_and_the_others_se
     tokio::time::sleep(Duration::from_secs(120)).await;
     let c = proxy.shutdown().await.unwrap();
     assert_eq!(c.failed, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_backend_s_own_update_deadline_bounds_its_update() {
+    // Two servers wedged while loading: one with its own 5 s deadline, one on the proxy's
+    // 30 s default. Each is given up on at its own deadline; the sync waits for the longer.
+    let a = Arc::new(InstantBackend::with_delay("a", Duration::from_millis(5)));
+    let b = Arc::new(InstantBackend::with_delay("b", Duration::from_millis(5)));
+    let c = Arc::new(InstantBackend::with_delay("c", Duration::from_millis(5)));
+    let own = Duration::from_secs(5);
+    let default = Duration::from_secs(30);
+    let proxy = LlmProxy::start(
+        vec![
+            entry(&c),
+            BackendEntry {
+                backend: Arc::new(WedgedUpdates(Arc::clone(&a))),
+                max_running_requests: 4,
+                update_timeout: Some(own),
+            },
+            BackendEntry {
+                backend: Arc::new(WedgedUpdates(Arc::clone(&b))),
+                max_running_requests: 4,
+                update_timeout: None,
+            },
+        ],
+        Box::new(RoundRobin::default()),
+        ProxyConfig {
+            update_timeout: default,
+            ..ProxyConfig::default()
+        },
+    );
+    let h = proxy.handle();
+    let e = h
+        .sync_weights(&update(1), PauseMode::Abort)
+        .await
+        .unwrap_err();
+    let ProxyError::Sync {
+        failed, timings, ..
+    } = &e
+    else {
+        panic!("{e}");
+    };
+    assert_eq!(failed, &["a".to_string(), "b".to_string()]);
+    let took: Vec<Duration> = timings.backends.iter().map(|b| b.took).collect();
+    assert!(timings.backends[0].loaded);
+    assert!(
+        took[1] >= own && took[1] < own + Duration::from_secs(1),
+        "a's update took {:?}, not its own deadline {own:?}",
+        took[1]
+    );
+    assert!(
+        took[2] >= default && took[2] < default + Duration::from_secs(1),
+        "b's update took {:?}, not the default deadline {default:?}",
+        took[2]
+    );
+    assert_all_tokens_at(&burst(&h, 8).await, 1);
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    proxy.shutdown().await.unwrap();
 }

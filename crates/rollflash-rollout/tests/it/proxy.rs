@@ -17,6 +17,7 @@ fn entry(b: Arc<dyn Backend>, cap: usize) -> BackendEntry {
     BackendEntry {
         backend: b,
         max_running_requests: cap,
+        update_timeout: None,
     }
 }
 

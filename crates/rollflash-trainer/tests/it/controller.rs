@@ -133,6 +133,7 @@ fn rollout_with(backends: Vec<Arc<InstantBackend>>, cfg: ProxyConfig) -> Rollout
         .map(|b| BackendEntry {
             backend: b as Arc<dyn Backend>,
             max_running_requests: 16,
+            update_timeout: None,
         })
         .collect();
     let proxy = LlmProxy::start(backends, Box::new(LeastLoaded), cfg);

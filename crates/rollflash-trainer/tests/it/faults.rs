@@ -232,6 +232,7 @@ impl Setup {
             .map(|b| BackendEntry {
                 backend: Arc::clone(b) as Arc<dyn Backend>,
                 max_running_requests: self.capacity,
+                update_timeout: None,
             })
             .collect();
         let proxy = LlmProxy::start(
@@ -387,6 +388,7 @@ async fn each_fault_fails_its_trajectory_with_a_reason_naming_it() {
         vec![BackendEntry {
             backend: Arc::new(InstantBackend::new("i")) as Arc<dyn Backend>,
             max_running_requests: 8,
+            update_timeout: None,
         }],
         Box::new(LeastLoaded),
         ProxyConfig::default(),

@@ -71,6 +71,7 @@ async fn rl_raises_the_reward_of_a_one_token_bandit() {
         vec![BackendEntry {
             backend: Arc::new(engine) as Arc<dyn Backend>,
             max_running_requests: 64,
+            update_timeout: None,
         }],
         Box::new(LeastLoaded),
         ProxyConfig::default(),

@@ -101,12 +101,14 @@ async fn measure(a: &BenchProxyArgs, concurrency: usize) -> Result<Level> {
         vec![BackendEntry {
             backend: Arc::new(client) as Arc<dyn Backend>,
             max_running_requests: a.max_running,
+            update_timeout: None,
         }]
     } else {
         (0..a.backends.max(1))
             .map(|i| BackendEntry {
                 backend: Arc::new(InstantBackend::new(format!("instant-{i}"))) as Arc<dyn Backend>,
                 max_running_requests: a.max_running,
+                update_timeout: None,
             })
             .collect()
     };

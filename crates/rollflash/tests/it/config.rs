@@ -332,6 +332,14 @@ fn rollout_servers_are_validated_by_field_and_planned_beside_the_engines() {
         ),
         ("timeout_secs = 0", "rollout.servers[0].timeout_secs"),
         (
+            "weight_sync_timeout_secs = -1",
+            "rollout.servers[0].weight_sync_timeout_secs",
+        ),
+        (
+            "weight_sync_timeout_secs = 1e30",
+            "rollout.servers[0].weight_sync_timeout_secs",
+        ),
+        (
             "api_key_env = \"ROLLFLASH_TEST_SURELY_UNSET_VAR\"",
             "rollout.servers[0].api_key_env",
         ),
@@ -373,10 +381,22 @@ fn rollout_servers_are_validated_by_field_and_planned_beside_the_engines() {
     assert!(text.contains("keeps its own weights"), "{text}");
     assert!(!text.contains("sk-secret-123"));
 
-    // A disk server gets the default weights directory under output_dir.
+    // A disk server gets the default weights directory under output_dir, and the
+    // fleet's weight-update deadline unless it has its own.
     let plan = RunPlan::new(write(&entry("")).unwrap()).unwrap();
     assert_eq!(
         plan.weights_dir,
         Some(plan.config.output_dir.join("published"))
     );
+    assert!(
+        matches!(&plan.backends[0], BackendPlan::Remote { weight_sync_timeout, .. }
+        if weight_sync_timeout.as_secs_f64() == plan.config.rollout.weight_sync_timeout_secs)
+    );
+    let plan = RunPlan::new(write(&entry("weight_sync_timeout_secs = 900")).unwrap()).unwrap();
+    assert!(
+        matches!(&plan.backends[0], BackendPlan::Remote { weight_sync_timeout, .. }
+        if weight_sync_timeout.as_secs() == 900)
+    );
+    let text = plan.describe().join("\n");
+    assert!(text.contains("a weight update within 900 s"), "{text}");
 }

@@ -17,6 +17,7 @@ mod fleet;
 mod fuzz_config;
 mod interrupt;
 mod lora;
+mod openenv;
 mod prometheus;
 mod remote_env;
 mod resume;

@@ -58,6 +58,7 @@ async fn scrape_shows_the_step_the_accounting_and_the_proxy() {
         vec![BackendEntry {
             backend: Arc::new(InstantBackend::with_delay("i0", Duration::ZERO)) as Arc<dyn Backend>,
             max_running_requests: 4,
+            update_timeout: None,
         }],
         Box::new(LeastLoaded),
         ProxyConfig::default(),

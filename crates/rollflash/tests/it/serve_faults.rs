@@ -215,10 +215,12 @@ async fn a_server_killed_mid_run_and_restarted_loses_nothing_and_rejoins() {
             BackendEntry {
                 backend: a.backend(),
                 max_running_requests: 16,
+                update_timeout: None,
             },
             BackendEntry {
                 backend: b.backend(),
                 max_running_requests: 16,
+                update_timeout: None,
             },
         ],
         Box::new(LeastLoaded),
@@ -347,10 +349,12 @@ async fn soak(secs: u64, concurrency: usize) -> Soak {
             BackendEntry {
                 backend: a.backend(),
                 max_running_requests: 32,
+                update_timeout: None,
             },
             BackendEntry {
                 backend: b.backend(),
                 max_running_requests: 32,
+                update_timeout: None,
             },
         ],
         Box::new(LeastLoaded),
