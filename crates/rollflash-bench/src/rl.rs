@@ -74,7 +74,8 @@ pub enum BenchError {
     UnknownMode(String),
 }
 
-/// The two workloads the paper reports on.
+/// The workloads: the two kinds the paper reports on, and an agentic one where generation,
+/// not environment waits, takes most of a trajectory's time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Workload {
     /// The arithmetic task with 2–24 terms (power-law term count): a few responses are ten
@@ -82,14 +83,36 @@ pub enum Workload {
     Rlvr,
     /// Multi-turn FrozenLake behind log-normal environment latency and injected failures.
     Agentic,
+    /// The same multi-turn FrozenLake with long model turns and short environment
+    /// latency, so generation is most of a trajectory's time (as in the paper's agentic
+    /// runs, where the model writes long reasoning per turn): the agentic speed-up where it
+    /// is not just sleeping environments overlapping.
+    AgenticGen,
 }
 
 impl Workload {
-    /// `rlvr` or `agentic`.
+    /// Every workload, in the order `all` runs them.
+    pub const ALL: [Workload; 3] = [Workload::Rlvr, Workload::Agentic, Workload::AgenticGen];
+
+    /// `rlvr`, `agentic` or `agentic-gen`.
     pub fn name(self) -> &'static str {
         match self {
             Workload::Rlvr => "rlvr",
             Workload::Agentic => "agentic",
+            Workload::AgenticGen => "agentic-gen",
+        }
+    }
+
+    /// The workloads a `--workload` value names: one by [`Workload::name`], `both` (the
+    /// paper's two: `rlvr` and `agentic`) or `all`.
+    pub fn parse_list(s: &str) -> Option<Vec<Workload>> {
+        match s {
+            "both" => Some(vec![Workload::Rlvr, Workload::Agentic]),
+            "all" => Some(Workload::ALL.to_vec()),
+            _ => Workload::ALL
+                .into_iter()
+                .find(|w| w.name() == s)
+                .map(|w| vec![w]),
         }
     }
 
@@ -147,6 +170,27 @@ impl Workload {
                 "buffer.group_size=4",
                 "train.steps=4",
             ],
+            // Model turns of 48 tokens (random weights rarely stop early) against a
+            // log-normal environment latency of mean 0.05 s (σ = 1, capped at 0.5 s), no
+            // injected failures: in the synchronous baseline waiting for the model is well
+            // over half of a trajectory's time (the `gen share` column measures it).
+            Workload::AgenticGen => &[
+                "env.name=\"frozen_lake\"",
+                "env.map={ random = { size = 4, p = 0.8 } }",
+                "env.is_slippery=false",
+                "env.max_steps=3",
+                "env.latency={ kind = \"log_normal\", mean = 0.05, sigma = 1.0, cap_secs = 0.5 }",
+                "warmup.steps=0",
+                "rollout.max_running_requests=4",
+                "rollout.max_new_tokens=48",
+                "rollout.max_turns=3",
+                "rollout.max_total_tokens=448",
+                "rollout.temperature=1.0",
+                "rollout.group_size_redundancy=2",
+                "buffer.groups_per_batch=2",
+                "buffer.group_size=4",
+                "train.steps=4",
+            ],
         };
         common
             .iter()
@@ -159,7 +203,9 @@ impl Workload {
     pub fn default_modes(self) -> &'static [&'static str] {
         match self {
             Workload::Rlvr => &["sync", "queue", "replicate", "alpha1", "alpha2", "all"],
-            Workload::Agentic => &["sync", "queue", "env-async", "redundant", "alpha1", "all"],
+            Workload::Agentic | Workload::AgenticGen => {
+                &["sync", "queue", "env-async", "redundant", "alpha1", "all"]
+            }
         }
     }
 }
@@ -284,6 +330,9 @@ pub struct Measurement {
     pub rollout_busy: f64,
     /// Fraction of the wall time the trainer spent in training steps.
     pub trainer_busy: f64,
+    /// Of the trained trajectories' time, the share spent waiting for model turns
+    /// (queueing included) rather than in environment steps.
+    pub gen_share: f64,
     /// Largest staleness (version − start version) of any trained sample.
     pub staleness_max: u64,
     /// Mean staleness over trained samples.
@@ -312,6 +361,8 @@ impl Measurement {
         let tokens: usize = counted.iter().map(|s| s.tokens).sum();
         let idle: f64 = counted.iter().map(|s| s.rollout_idle.as_secs_f64()).sum();
         let train: f64 = counted.iter().map(|s| s.train.as_secs_f64()).sum();
+        let generate: f64 = counted.iter().map(|s| s.turn_generate.as_secs_f64()).sum();
+        let env: f64 = counted.iter().map(|s| s.turn_env.as_secs_f64()).sum();
         let all_samples: usize = steps.iter().map(|s| s.samples).sum();
         let stale_sum: f64 = steps.iter().map(|s| s.staleness * s.samples as f64).sum();
         Measurement {
@@ -325,6 +376,7 @@ impl Measurement {
             mean_response_tokens: tokens as f64 / samples.max(1) as f64,
             rollout_busy: (1.0 - idle / window).clamp(0.0, 1.0),
             trainer_busy: (train / window).clamp(0.0, 1.0),
+            gen_share: generate / (generate + env).max(1e-9),
             staleness_max: steps.iter().map(|s| s.staleness_max).max().unwrap_or(0),
             staleness_mean: stale_sum / all_samples.max(1) as f64,
             accounting: report.accounting,
@@ -429,9 +481,9 @@ impl BenchReport {
                 sets.join(" ")
             ));
             s.push_str(
-                "| mode | α | Q | R | E | D | samples/s | tokens/s | speed-up | rollout busy | trainer busy | staleness max | staleness mean | resp. tokens | accounting |\n",
+                "| mode | α | Q | R | E | D | samples/s | tokens/s | speed-up | rollout busy | trainer busy | gen share | staleness max | staleness mean | resp. tokens | accounting |\n",
             );
-            s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+            s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
             for r in self.results.iter().filter(|r| r.workload == *w) {
                 let sp = self.speedup(r);
                 let tick = |b: bool| if b { "✓" } else { "·" };
@@ -443,7 +495,7 @@ impl BenchReport {
                     )
                 });
                 s.push_str(&format!(
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} started, {} trained{} |\n",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} started, {} trained{} |\n",
                     r.mode.name,
                     r.mode.alpha,
                     tick(r.mode.queue),
@@ -458,6 +510,7 @@ impl BenchReport {
                     )),
                     fmt3(Spread::of(r.runs.iter().map(|m| m.rollout_busy)), 2),
                     fmt3(Spread::of(r.runs.iter().map(|m| m.trainer_busy)), 2),
+                    fmt3(Spread::of(r.runs.iter().map(|m| m.gen_share)), 2),
                     r.runs.iter().map(|m| m.staleness_max).max().unwrap_or(0),
                     fmt3(Spread::of(r.runs.iter().map(|m| m.staleness_mean)), 2),
                     Spread::of(r.runs.iter().map(|m| m.mean_response_tokens)).median,
@@ -476,13 +529,13 @@ impl BenchReport {
     /// One CSV row per run.
     pub fn csv(&self) -> String {
         let mut s = String::from(
-            "workload,mode,alpha,queue,replicate,env_async,redundant,repeat,samples_per_s,tokens_per_s,window_s,run_samples_per_s,steps,trained,mean_response_tokens,rollout_busy,trainer_busy,staleness_max,staleness_mean,started,aborted,failed,dropped_stale,balanced\n",
+            "workload,mode,alpha,queue,replicate,env_async,redundant,repeat,samples_per_s,tokens_per_s,window_s,run_samples_per_s,steps,trained,mean_response_tokens,rollout_busy,trainer_busy,gen_share,staleness_max,staleness_mean,started,aborted,failed,dropped_stale,balanced\n",
         );
         for r in &self.results {
             for m in &r.runs {
                 let a = &m.accounting;
                 s.push_str(&format!(
-                    "{},{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{:.3},{},{},{:.1},{:.4},{:.4},{},{:.4},{},{},{},{},{}\n",
+                    "{},{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{:.3},{},{},{:.1},{:.4},{:.4},{:.4},{},{:.4},{},{},{},{},{}\n",
                     r.workload.name(),
                     r.mode.name,
                     r.mode.alpha,
@@ -500,6 +553,7 @@ impl BenchReport {
                     m.mean_response_tokens,
                     m.rollout_busy,
                     m.trainer_busy,
+                    m.gen_share,
                     m.staleness_max,
                     m.staleness_mean,
                     a.started,
@@ -648,7 +702,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             let meas = run_mode(run_plan, &m, policy, r).await?;
             if opts.verbose {
                 println!(
-                    "[{} {}/{}] {:<10} {:>7.2} samples/s {:>8.0} tokens/s  rollout busy {:.2}  trainer busy {:.2}  staleness max {} mean {:.2}  ({:.1}s)",
+                    "[{} {}/{}] {:<10} {:>7.2} samples/s {:>8.0} tokens/s  rollout busy {:.2}  trainer busy {:.2}  gen share {:.2}  staleness max {} mean {:.2}  ({:.1}s)",
                     w.name(),
                     r + 1,
                     repeats,
@@ -657,6 +711,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
                     meas.tokens_per_s,
                     meas.rollout_busy,
                     meas.trainer_busy,
+                    meas.gen_share,
                     meas.staleness_max,
                     meas.staleness_mean,
                     t0.elapsed().as_secs_f64()

@@ -382,6 +382,11 @@ pub struct StepRecord {
     /// Time within `wall` when no rollout group was running (nothing to generate or
     /// admission closed) or generation was paused for the weight sync.
     pub rollout_idle: Duration,
+    /// Summed over the batch's trajectories and their turns: time waiting for the model's
+    /// turns (queueing included) and time in environment steps. Their ratio says whether a
+    /// workload is generation- or environment-bound.
+    pub turn_generate: Duration,
+    pub turn_env: Duration,
     /// Time since the controller started (at this publication).
     pub elapsed: Duration,
     pub sync: SyncTimings,
@@ -906,8 +911,13 @@ impl<L: Learner> AsyncController<L> {
         let samples = t.batch.groups.iter().flat_map(|g| g.samples.iter());
         let (mut tokens, mut reward, mut successes) = (0usize, 0.0f64, 0usize);
         let (mut nll, mut n_tok) = (0.0f64, 0usize);
+        let (mut turn_generate, mut turn_env) = (Duration::ZERO, Duration::ZERO);
         for (traj, r) in samples {
             tokens += traj.response_tokens();
+            for turn in &traj.turns {
+                turn_generate += turn.generate;
+                turn_env += turn.env;
+            }
             reward += *r;
             successes += usize::from(*r >= self.success_threshold);
             for (lp, m) in traj.logprobs.iter().zip(&traj.loss_mask) {
@@ -933,6 +943,8 @@ impl<L: Learner> AsyncController<L> {
             train: p.train,
             wait: p.wait,
             rollout_idle: p.rollout_idle,
+            turn_generate,
+            turn_env,
             elapsed: p.elapsed,
             sync: t.sync,
             stats: t.stats,

@@ -11,7 +11,8 @@ use rollflash_bench::rl::{self as bench_rl, BenchOptions, Workload, MODE_NAMES};
 #[derive(Debug, Args)]
 pub struct BenchRlArgs {
     /// `rlvr` (long-tailed math, real engine and learner), `agentic` (multi-turn FrozenLake
-    /// behind slow, failing environments) or `both`.
+    /// behind slow, failing environments), `agentic-gen` (the same game with long model
+    /// turns and fast environments: generation-bound), `both` (rlvr and agentic) or `all`.
     #[arg(long, default_value = "both")]
     workload: String,
     /// Runs per mode; the table shows min / median / max (1 keeps the default run within
@@ -37,11 +38,11 @@ pub struct BenchRlArgs {
 }
 
 pub fn run(a: BenchRlArgs) -> Result<()> {
-    let workloads = match a.workload.as_str() {
-        "rlvr" => vec![Workload::Rlvr],
-        "agentic" => vec![Workload::Agentic],
-        "both" => vec![Workload::Rlvr, Workload::Agentic],
-        other => bail!("unknown workload `{other}` (rlvr, agentic, both)"),
+    let Some(workloads) = Workload::parse_list(&a.workload) else {
+        bail!(
+            "unknown workload `{}` (rlvr, agentic, agentic-gen, both, all)",
+            a.workload
+        );
     };
     if let Some(modes) = &a.modes {
         for m in modes {

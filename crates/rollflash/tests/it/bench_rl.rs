@@ -15,6 +15,24 @@ const MODES: &[&str] = &[
     "all",
 ];
 
+#[test]
+fn workload_names_parse_once() {
+    for w in Workload::ALL {
+        assert_eq!(Workload::parse_list(w.name()), Some(vec![w]));
+    }
+    assert_eq!(
+        Workload::parse_list("both"),
+        Some(vec![Workload::Rlvr, Workload::Agentic])
+    );
+    assert_eq!(Workload::parse_list("all"), Some(Workload::ALL.to_vec()));
+    assert_eq!(Workload::parse_list("agentic_gen"), None);
+    // Each workload's settings load as a `rollflash train` config.
+    for w in Workload::ALL {
+        rollflash_run::config::TrainConfig::load(None, &w.sets())
+            .unwrap_or_else(|e| panic!("{}: {e}", w.name()));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_runs_every_mode_and_keeps_its_invariants() {
     let dir = tempfile::tempdir().unwrap();
@@ -70,6 +88,7 @@ async fn bench_runs_every_mode_and_keeps_its_invariants() {
                 );
                 assert!((0.0..=1.0).contains(&m.rollout_busy), "{what}");
                 assert!((0.0..=1.0).contains(&m.trainer_busy), "{what}");
+                assert!((0.0..=1.0).contains(&m.gen_share), "{what}");
             }
         }
         let sync = report.get(w, "sync").unwrap();

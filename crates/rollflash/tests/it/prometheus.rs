@@ -28,6 +28,8 @@ fn record() -> StepRecord {
         train: Duration::from_secs(1),
         wait: Duration::ZERO,
         rollout_idle: Duration::ZERO,
+        turn_generate: Duration::ZERO,
+        turn_env: Duration::ZERO,
         elapsed: Duration::from_secs(10),
         sync: Default::default(),
         stats: StepStats {
