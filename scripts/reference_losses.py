@@ -17,6 +17,12 @@ sharing code (or layout) with the Rust crate:
                                                  apply_rejection_sampling (mask / clamp)
   ROLL roll/pipeline/agentic/utils.py            compute_segment_masked_mean (segment level)
   DAPO (arXiv 2503.14476) eq. 13                 soft overlong punishment
+  ROLL roll/utils/functionals.py RunningMoments  `running` reward_norm (updated before use)
+  langfengQ/verl-agent gigpo/core_gigpo.py       GiGPO: episode_norm_reward, build_step_group,
+                                                 step_norm_reward,
+                                                 compute_step_discounted_returns, in its own
+                                                 one-row-per-step layout with labelled
+                                                 anchor observations
   verl  core_algos.compute_rloo_outcome_advantage; compute_policy_loss_gspo (GSPO-token)
 
 Conventions that the Rust side documents and this reference mirrors:
@@ -690,6 +696,264 @@ def shaping_cases():
                 mask=ADV_MASK, kl=ADV_KL, cases=out)
 
 
+# --------------------------------------------------------------------------------------------
+# ROLL's `running` reward normalisation: RunningMoments (roll/utils/functionals.py) updated
+# with the batch *before* reward_norm reads running.mean / running.std.
+# --------------------------------------------------------------------------------------------
+
+class RunningMoments:
+    """ROLL's RunningMoments, in float64 (ROLL: float32 tensors)."""
+
+    def __init__(self):
+        self.mean, self.std, self.var, self.count = 0.0, 1.0, 1.0, 1e-24
+
+    def update(self, xs):
+        xs = np.asarray(xs, dtype=np.float64)
+        xs_count = xs.size
+        xs_var, xs_mean = xs.var(ddof=0), xs.mean()  # torch.var_mean(unbiased=False)
+        delta = xs_mean - self.mean
+        tot_count = self.count + xs_count
+        new_sum = xs_var * xs_count
+        old_sum = self.var * self.count + delta ** 2 * self.count * xs_count / tot_count
+        tot_sum = old_sum + new_sum
+        self.mean += delta * xs_count / tot_count
+        self.var = tot_sum / tot_count
+        with np.errstate(divide="ignore"):
+            self.std = float(np.sqrt(np.float64(self.var * tot_count) / np.float64(tot_count - 1)))
+        self.count = tot_count
+
+
+def reward_norm_running(rewards, groups, mean_type, std_type, running, eps=1e-6):
+    """ROLL reward_norm with running statistics: update first, then normalise. Group / batch
+    scopes as in reward_norm above (one-sample std -> 0)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if "running" in (mean_type, std_type):
+        running.update(r)
+    gid = np.repeat(np.arange(len(groups)), groups)
+    out = np.zeros_like(r)
+    for i in range(len(r)):
+        g = r[gid == gid[i]]
+        mu = {"none": 0.0, "group": g.mean(), "batch": r.mean(), "running": running.mean}[
+            mean_type]
+        if std_type == "none":
+            out[i] = r[i] - mu
+            continue
+        if std_type == "running":
+            sd = running.std
+        else:
+            pool = g if std_type == "group" else r
+            if len(pool) < 2:
+                out[i] = 0.0
+                continue
+            sd = pool.std(ddof=1)
+        out[i] = (r[i] - mu) / (sd + eps)  # an infinite running std gives 0, as in ROLL
+    return out
+
+
+RUNNING_STREAM = [
+    dict(rewards=[1.0, 0.0, 0.5, -1.0, 0.0, 2.0], group_sizes=[3, 3]),
+    dict(rewards=[0.25, 0.25, 1.5, -0.5], group_sizes=[2, 2]),
+    dict(rewards=[3.0, -2.0, 0.0, 0.0, 1.0], group_sizes=[2, 1, 2]),
+]
+
+RUNNING_CASES = {
+    "running_running": (RUNNING_STREAM, dict(norm_mean_type="running",
+                                             norm_std_type="running")),
+    "running_mean_group_std": (RUNNING_STREAM, dict(norm_mean_type="running",
+                                                    norm_std_type="group")),
+    "group_mean_running_std_clip": (RUNNING_STREAM, dict(norm_mean_type="group",
+                                                         norm_std_type="running",
+                                                         reward_clip=1.5)),
+    "running_std_only": (RUNNING_STREAM, dict(norm_std_type="running")),
+    "running_mean_only": (RUNNING_STREAM, dict(norm_mean_type="running")),
+    # A first batch of one sample: the running std is infinite, the reward 0.
+    "one_sample_first": ([dict(rewards=[2.0], group_sizes=[1]),
+                          dict(rewards=[1.0, 3.0, -1.0], group_sizes=[3])],
+                         dict(norm_mean_type="running", norm_std_type="running")),
+}
+
+
+def running_cases():
+    out = []
+    for name, (stream, sh) in RUNNING_CASES.items():
+        rm = RunningMoments()
+        steps, seen = [], []
+        for b in stream:
+            r = reward_norm_running(b["rewards"], b["group_sizes"],
+                                    sh.get("norm_mean_type", "none"),
+                                    sh.get("norm_std_type", "none"), rm)
+            if sh.get("reward_clip") is not None:
+                r = np.clip(r, -sh["reward_clip"], sh["reward_clip"])
+            seen += b["rewards"]
+            # The merge is the closed form over everything seen (the 1e-24 prior aside).
+            assert abs(rm.mean - np.mean(seen)) < 1e-12
+            if len(seen) > 1:
+                assert abs(rm.std - np.std(seen, ddof=1)) < 1e-12
+            steps.append(dict(rewards=b["rewards"], group_sizes=b["group_sizes"],
+                              normalized=[float(x) for x in r],
+                              mean=float(rm.mean), var=float(rm.var), count=float(rm.count),
+                              std=(float(rm.std) if np.isfinite(rm.std) else None)))
+        out.append(dict(name=name, shaping=sh, steps=steps))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# GiGPO (verl-agent gigpo/core_gigpo.py), in verl-agent's layout: one row per environment step
+# with its prompt-group uid (`index`), trajectory uid, anchor observation (a label here) and
+# step reward; every row carries its episode's reward (EpisodeRewardManager). The packed token
+# layout the Rust side reads is built from the same description afterwards, each observation
+# label spelled as its own token ids; the Rust side must recover the anchors from the tokens.
+# --------------------------------------------------------------------------------------------
+
+OBS_TOKENS = {"s0": [10, 11], "s1": [12], "s2": [13, 14, 15], "s3": [16], "s4": [17, 18]}
+
+# Groups of trajectories; a trajectory is a list of turns (anchor label, action tokens, step
+# reward). The first turn's anchor is the group's prompt ("p<g>").
+GIGPO_GROUPS = [
+    [  # group 0: shared and revisited states, one trajectory with no turn at all
+        [("p0", 2, 0.0), ("s1", 1, 0.0), ("s2", 3, 1.0)],
+        [("p0", 1, -0.1), ("s1", 2, 0.0), ("s1", 1, 0.5)],
+        [("p0", 3, 0.0), ("s3", 2, 0.0)],
+        [],
+    ],
+    [  # group 1: "s1" again, which must not join group 0's s1 turns
+        [("p1", 2, 0.0), ("s1", 2, 1.0)],
+        [("p1", 1, 0.0), ("s4", 1, 0.0), ("s1", 2, 0.0), ("s0", 1, 2.0)],
+    ],
+    [  # group 2: a single trajectory with a single turn (episode mean 0, std 1)
+        [("p2", 2, 0.7)],
+    ],
+    [  # group 3: two identical one-turn trajectories (zero variance)
+        [("p3", 1, 1.0)],
+        [("p3", 2, 1.0)],
+    ],
+]
+
+GIGPO_CASES = {
+    "gigpo_default": (dict(name="gigpo"), {}),
+    "gigpo_mean_std": (dict(name="gigpo", mode="mean_std_norm"), {}),
+    "gigpo_gamma_half_w": (dict(name="gigpo", gamma=0.5, step_advantage_w=0.5), {}),
+    "gigpo_gamma_one_std": (dict(name="gigpo", gamma=1.0, mode="mean_std_norm", eps=1e-3),
+                            {}),
+    # Through the shaping pipeline: whitened, then clipped (ROLL's GiGPO example whitens and
+    # clips at 0.2; 1.5 here so the clip moves only some tokens).
+    "gigpo_whiten_clip": (dict(name="gigpo"),
+                          dict(whiten_advantages=True, advantage_clip=1.5)),
+}
+
+
+def gigpo_rows():
+    rows = []  # (index, traj_uid, anchor, step reward)
+    traj = 0
+    for g, group in enumerate(GIGPO_GROUPS):
+        for turns in group:
+            for (anchor, _, r) in turns:
+                rows.append((g, traj, anchor, r))
+            traj += 1
+    return rows
+
+
+def gigpo_row_advantages(gamma, w, mode, eps):
+    rows = gigpo_rows()
+    index = [r[0] for r in rows]
+    traj_uid = [r[1] for r in rows]
+    anchor = [r[2] for r in rows]
+    rewards = np.array([r[3] for r in rows], dtype=np.float64)
+    # episode_rewards on every row
+    ep = {}
+    for t, r in zip(traj_uid, rewards):
+        ep[t] = ep.get(t, 0.0) + r
+    scores = np.array([ep[t] for t in traj_uid])
+    remove_std = {"mean_norm": True, "mean_std_norm": False}[mode]
+    # compute_step_discounted_returns
+    step_ret = np.zeros_like(rewards)
+    for t in set(traj_uid):
+        idx = [i for i in range(len(rows)) if traj_uid[i] == t]
+        run = 0.0
+        for i in reversed(idx):
+            run = rewards[i] + gamma * run
+            step_ret[i] = run
+    # episode_norm_reward (compute_mean_std_cross_steps=True: every row counts)
+    ep_adv = np.zeros_like(scores)
+    for g in set(index):
+        idx = [i for i in range(len(rows)) if index[i] == g]
+        vals = scores[idx]
+        mean, std = (0.0, 1.0) if len(vals) == 1 else (vals.mean(), vals.std(ddof=1))
+        for i in idx:
+            ep_adv[i] = scores[i] - mean if remove_std else (scores[i] - mean) / (std + eps)
+    # build_step_group: equal anchors within one index
+    uid = [None] * len(rows)
+    for g in set(index):
+        for i in range(len(rows)):
+            if index[i] == g:
+                uid[i] = (g, anchor[i])
+    # step_norm_reward
+    st_adv = np.zeros_like(step_ret)
+    for u in set(uid):
+        idx = [i for i in range(len(rows)) if uid[i] == u]
+        vals = step_ret[idx]
+        mean = vals.mean()
+        std = 1.0 if len(vals) == 1 else vals.std(ddof=1)
+        for i in idx:
+            st_adv[i] = step_ret[i] - mean if remove_std else (step_ret[i] - mean) / (std + eps)
+    return ep_adv + w * st_adv
+
+
+def gigpo_batch():
+    """The packed sequences: prompt tokens, then per turn its action tokens (mask 1) and the
+    next turn's observation tokens (mask 0)."""
+    seqs = []
+    action_tok = 100
+    for g, group in enumerate(GIGPO_GROUPS):
+        prompt = [1, 2, 3 + g]
+        for turns in group:
+            tokens, mask = list(prompt), [0] * len(prompt)
+            lengths, step_rewards = [], []
+            for k, (_, n_act, r) in enumerate(turns):
+                if k > 0:
+                    obs = OBS_TOKENS[turns[k][0]]
+                    tokens += obs
+                    mask += [0] * len(obs)
+                tokens += list(range(action_tok, action_tok + n_act))
+                action_tok += n_act
+                mask += [1] * n_act
+                lengths.append(n_act)
+                step_rewards.append(r)
+            seqs.append(dict(tokens=tokens, mask=mask, prompt_len=len(prompt),
+                             turn_lengths=lengths, step_rewards=step_rewards,
+                             reward=float(sum(step_rewards))))
+    return seqs
+
+
+def gigpo_cases():
+    seqs = gigpo_batch()
+    mask = [m for s in seqs for m in s["mask"]]
+    out = []
+    for name, (est, sh) in GIGPO_CASES.items():
+        row_adv = gigpo_row_advantages(est.get("gamma", 0.95), est.get("step_advantage_w", 1.0),
+                                       est.get("mode", "mean_norm"), est.get("eps", 1e-6))
+        tok, r = [], 0
+        for s, turns in zip(seqs, [t for group in GIGPO_GROUPS for t in group]):
+            adv = [0.0] * len(s["tokens"])
+            at = s["prompt_len"]
+            for k, (_, n_act, _) in enumerate(turns):
+                if k > 0:
+                    at += len(OBS_TOKENS[turns[k][0]])
+                for t in range(at, at + n_act):
+                    adv[t] = float(row_adv[r])
+                at += n_act
+                r += 1
+            tok += adv
+        adv = np.asarray(tok, dtype=np.float64)
+        if sh.get("whiten_advantages", False):
+            adv = whiten_tokens(adv, mask)
+        if sh.get("advantage_clip") is not None:
+            adv = np.clip(adv, -sh["advantage_clip"], sh["advantage_clip"])
+        out.append(dict(name=name, estimator=est, shaping=sh,
+                        advantages=[float(a) for a in adv * np.asarray(mask, float)]))
+    return dict(sequences=seqs, group_sizes=[len(g) for g in GIGPO_GROUPS], cases=out)
+
+
 def rust_array(name, values):
     body = ", ".join(repr(float(v)) for v in values)
     return f"#[rustfmt::skip]\nconst {name.upper()}: [f64; {len(values)}] = [{body}];"
@@ -703,6 +967,8 @@ def build():
                 for k, v in inp.items()},
         cases=cases(inp),
         shaping=shaping_cases(),
+        running=running_cases(),
+        gigpo=gigpo_cases(),
     )
     return data
 
@@ -728,6 +994,15 @@ def main():
             worst = max(worst, abs(a["loss"] - b["loss"]),
                         max(abs(x - y) for x, y in zip(a["grad"], b["grad"])))
         for a, b in zip(old["shaping"]["cases"], new["shaping"]["cases"]):
+            assert a["name"] == b["name"]
+            worst = max(worst, max(abs(x - y) for x, y in zip(a["advantages"], b["advantages"])))
+        for a, b in zip(old["running"], new["running"]):
+            assert a["name"] == b["name"]
+            for sa, sb in zip(a["steps"], b["steps"]):
+                worst = max(worst, max(abs(x - y) for x, y in
+                                       zip(sa["normalized"], sb["normalized"])),
+                            abs(sa["mean"] - sb["mean"]), abs(sa["var"] - sb["var"]))
+        for a, b in zip(old["gigpo"]["cases"], new["gigpo"]["cases"]):
             assert a["name"] == b["name"]
             worst = max(worst, max(abs(x - y) for x, y in zip(a["advantages"], b["advantages"])))
         print(f"{len(new['cases'])} cases, max abs difference to fixture {worst:.3g}")

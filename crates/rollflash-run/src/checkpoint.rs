@@ -4,7 +4,7 @@
 //! `state.json` (the [`Cursor`]: steps done, policy version, next task seed; the sample
 //! accounting; the optimizer's step count, i.e. the learning-rate schedule's position;
 //! the evaluation before RL; for a dataset task, the data cursor: files, shuffle seed, epoch,
-//! next row), plus `metrics.jsonl` up to that step, and last `checksums.json`: the size and
+//! next row; with `running` reward normalisation, ROLL's running reward statistics), plus `metrics.jsonl` up to that step, and last `checksums.json`: the size and
 //! SHA-256 of every other file. A checkpoint is written to a temporary directory, flushed to
 //! disk (`fsync` of each file and of the directory) and renamed into place, so a crash or a
 //! `kill -9` never leaves a half-written `step-N`; only the newest `keep` are kept. Reading
@@ -29,6 +29,7 @@ use rollflash_model::lora::Adapters;
 use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::train::{AdamW, OptimizerConfig};
 use rollflash_model::weights::Weights;
+use rollflash_train::RunningMoments;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -90,12 +91,62 @@ pub struct CheckpointState {
     /// generated tasks and in checkpoints written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<DataCursor>,
+    /// The learner's running reward statistics (ROLL's `RunningMoments`) when
+    /// `train.shaping` normalises by `running`, so a resumed run normalises its next batch
+    /// exactly as the uninterrupted run would. Absent otherwise and in checkpoints written
+    /// before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_running: Option<SavedRunning>,
+}
+
+/// Running reward statistics as `state.json` keeps them. What is read back are the IEEE-754
+/// bits of each f64: serde_json's default parser turns a decimal into the nearest f64 only
+/// approximately (one ULP off at times), and a resumed run must continue bit-identically.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SavedRunning {
+    /// Readable copies of the running mean and count (not read back).
+    pub mean: f64,
+    pub count: f64,
+    /// Batches merged so far.
+    pub batches: u64,
+    /// `mean`, `var` (biased) and `count`, as `f64::to_bits`.
+    pub bits: [u64; 3],
+}
+
+impl From<RunningMoments> for SavedRunning {
+    fn from(r: RunningMoments) -> Self {
+        SavedRunning {
+            mean: r.mean,
+            count: r.count,
+            batches: r.batches,
+            bits: [r.mean.to_bits(), r.var.to_bits(), r.count.to_bits()],
+        }
+    }
+}
+
+impl SavedRunning {
+    /// The statistics, exactly as they were saved.
+    pub fn moments(&self) -> RunningMoments {
+        let [mean, var, count] = self.bits.map(f64::from_bits);
+        RunningMoments {
+            mean,
+            var,
+            count,
+            batches: self.batches,
+        }
+    }
 }
 
 impl CheckpointState {
     /// This state with the dataset's cursor.
     pub fn with_data(mut self, data: Option<DataCursor>) -> Self {
         self.data = data;
+        self
+    }
+
+    /// This state with the learner's running reward statistics.
+    pub fn with_running(mut self, running: Option<RunningMoments>) -> Self {
+        self.reward_running = running.map(SavedRunning::from);
         self
     }
 }
@@ -595,5 +646,6 @@ pub fn state(
         elapsed_s,
         eval_before,
         data: None,
+        reward_running: None,
     }
 }

@@ -395,12 +395,15 @@ pub struct TrainSection {
     /// expands to `advantage`, `loss`, `shaping` (and, for DAPO, `buffer.filter`) settings
     /// under what is written explicitly (`crate::preset`).
     pub preset: Option<Preset>,
-    /// Group advantage estimator (`grpo`, `rloo`, `reinforce_plus_plus`).
+    /// Advantage estimator (`grpo`, `rloo`, `reinforce_plus_plus`, or `gigpo` — GiGPO's
+    /// step-level advantages for multi-turn environments: `gamma` 0.95, `step_advantage_w` 1,
+    /// `mode` `mean_norm` | `mean_std_norm`, `eps` 1e-6).
     pub advantage: AdvantageEstimator,
     /// The policy loss, its aggregation, KL and entropy terms.
     pub loss: LossConfig,
     /// Reward and advantage shaping around the estimator: ROLL's `norm_mean_type` /
-    /// `norm_std_type`, `reward_clip`, `whiten_advantages`, `advantage_clip`, and DAPO's
+    /// `norm_std_type` (`none`, `group`, `batch`, `running` — running statistics are kept in
+    /// checkpoints), `reward_clip`, `whiten_advantages`, `advantage_clip`, and DAPO's
     /// soft overlong punishment (`[train.shaping.overlong]`).
     pub shaping: ShapingConfig,
     /// Greedy evaluation problems before and after training (0 = none).

@@ -406,6 +406,16 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     let mut learner = PolicyLearner::new(model, plan.learner.clone())?;
     if let Some(r) = &resumed {
         learner.set_optimizer(r.optimizer(opt_cfg)?);
+        // ROLL's running reward statistics continue where the checkpoint left them.
+        match (r.state.reward_running, plan.learner.shaping.uses_running()) {
+            (Some(m), true) => learner.set_running_moments(m.moments())?,
+            (None, true) if r.state.cursor.steps_done > 0 => eprintln!(
+                "checkpoint {} holds no running reward statistics (running normalisation \
+                 was off when it was written); they start afresh",
+                r.dir.display()
+            ),
+            _ => {}
+        }
     }
     let mut ctl = AsyncController::new(
         plan.controller.clone(),
@@ -518,7 +528,8 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
                     sink.elapsed_before + report.wall.as_secs_f64(),
                     eval_before,
                 )
-                .with_data(data_cursor(sink.data.as_ref(), report.cursor));
+                .with_data(data_cursor(sink.data.as_ref(), report.cursor))
+                .with_running(l.running_moments());
                 c.save(l, &state, sink.log.path())?
             }
             None => ckpt_root.clone(),
@@ -751,7 +762,8 @@ impl StepSink<PolicyLearner> for RunSink {
                     self.elapsed_before + record.elapsed.as_secs_f64(),
                     self.eval_before,
                 )
-                .with_data(data_cursor(self.data.as_ref(), cursor));
+                .with_data(data_cursor(self.data.as_ref(), cursor))
+                .with_running(learner.running_moments());
                 match c.save(learner, &state, self.log.path()) {
                     Ok(dir) => tracing::info!(path = %dir.display(), "checkpoint"),
                     Err(e) if self.on_checkpoint_error == OnCheckpointError::Continue => {

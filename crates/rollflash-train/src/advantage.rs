@@ -13,11 +13,12 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
+use crate::gigpo::{gigpo_advantages, GigpoMode, GigpoParams, GigpoStats, Turn};
 use crate::layout::SeqLayout;
 
 /// Which advantage estimator to run, with its knobs. Serialised with a `name` tag:
 /// `{"name": "grpo", "norm_by_std": true, "eps": 1e-6}`, `{"name": "rloo"}`,
-/// `{"name": "reinforce_plus_plus", "kl_coef": 0.01}`.
+/// `{"name": "reinforce_plus_plus", "kl_coef": 0.01}`, `{"name": "gigpo", "gamma": 0.95}`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AdvantageEstimator {
@@ -58,6 +59,25 @@ pub enum AdvantageEstimator {
         #[serde(default = "default_whiten_eps")]
         eps: f64,
     },
+    /// GiGPO (arXiv 2505.10978; verl-agent `compute_gigpo_outcome_advantage`): per model turn
+    /// of a multi-turn trajectory, the group-normalised episode return plus
+    /// `step_advantage_w` × the discounted step return normalised within the turns whose
+    /// anchor observation is identical. Needs the batch's turns. See [`crate::gigpo`].
+    Gigpo {
+        /// Discount of the step returns (verl-agent's `algorithm.gamma` in its GiGPO
+        /// scripts: 0.95).
+        #[serde(default = "default_gigpo_gamma")]
+        gamma: f64,
+        /// Weight of the step-level advantage (verl-agent `gigpo.step_advantage_w`: 1).
+        #[serde(default = "default_step_advantage_w")]
+        step_advantage_w: f64,
+        /// `mean_norm` (default) or `mean_std_norm` (verl-agent `gigpo.mode`).
+        #[serde(default)]
+        mode: GigpoMode,
+        /// Added to the std in `mean_std_norm` (verl-agent: 1e-6).
+        #[serde(default = "default_grpo_eps")]
+        eps: f64,
+    },
 }
 
 fn default_true() -> bool {
@@ -71,6 +91,12 @@ fn default_gamma() -> f64 {
 }
 fn default_whiten_eps() -> f64 {
     1e-8
+}
+fn default_gigpo_gamma() -> f64 {
+    0.95
+}
+fn default_step_advantage_w() -> f64 {
+    1.0
 }
 
 impl Default for AdvantageEstimator {
@@ -93,6 +119,22 @@ impl AdvantageEstimator {
             whiten: true,
             eps: default_whiten_eps(),
         }
+    }
+
+    /// GiGPO with verl-agent's defaults: γ = 0.95, `step_advantage_w` 1, `mean_norm`,
+    /// ε = 1e-6.
+    pub fn gigpo() -> Self {
+        AdvantageEstimator::Gigpo {
+            gamma: default_gigpo_gamma(),
+            step_advantage_w: default_step_advantage_w(),
+            mode: GigpoMode::MeanNorm,
+            eps: default_grpo_eps(),
+        }
+    }
+
+    /// Whether the estimator needs each sequence's turns ([`crate::gigpo::Turn`]).
+    pub fn needs_turns(&self) -> bool {
+        matches!(self, AdvantageEstimator::Gigpo { .. })
     }
 
     /// Checks every knob; the error names the field (`grpo.eps`, `reinforce_plus_plus.gamma`).
@@ -129,6 +171,31 @@ impl AdvantageEstimator {
                     return Err(TrainError::config(
                         "reinforce_plus_plus.eps",
                         format!("{eps} must be > 0"),
+                    ));
+                }
+            }
+            AdvantageEstimator::Gigpo {
+                gamma,
+                step_advantage_w,
+                eps,
+                ..
+            } => {
+                if !(0.0..=1.0).contains(&gamma) {
+                    return Err(TrainError::config(
+                        "gigpo.gamma",
+                        format!("{gamma} must be in [0, 1]"),
+                    ));
+                }
+                if !(step_advantage_w >= 0.0) || !step_advantage_w.is_finite() {
+                    return Err(TrainError::config(
+                        "gigpo.step_advantage_w",
+                        format!("{step_advantage_w} must be >= 0"),
+                    ));
+                }
+                if !(eps >= 0.0) || !eps.is_finite() {
+                    return Err(TrainError::config(
+                        "gigpo.eps",
+                        format!("{eps} must be >= 0"),
                     ));
                 }
             }
@@ -186,10 +253,22 @@ pub fn compute_advantages_clipped(
     batch: &AdvantageBatch<'_>,
     token_reward_clip: Option<f64>,
 ) -> Result<Vec<f64>> {
+    Ok(compute_advantages_with_turns(estimator, batch, None, token_reward_clip)?.0)
+}
+
+/// [`compute_advantages_clipped`] with each sequence's turns (`turns[i]`: sequence `i`'s, from
+/// [`crate::gigpo::split_turns`]), which step-level estimators (GiGPO) need and the others
+/// ignore; GiGPO also reports how its turns grouped.
+pub fn compute_advantages_with_turns(
+    estimator: &AdvantageEstimator,
+    batch: &AdvantageBatch<'_>,
+    turns: Option<&[Vec<Turn<'_>>]>,
+    token_reward_clip: Option<f64>,
+) -> Result<(Vec<f64>, Option<GigpoStats>)> {
     estimator.validate()?;
     let layout = SeqLayout::new(batch.seq_offsets, batch.mask.len())?;
     layout.check_seqs("rewards", batch.rewards.len())?;
-    match *estimator {
+    let adv = match *estimator {
         AdvantageEstimator::Grpo { norm_by_std, eps } => {
             let seq = grpo_advantages(batch.rewards, batch.group_sizes, norm_by_std, eps)?;
             broadcast_to_tokens(&seq, batch.seq_offsets, batch.mask)
@@ -197,6 +276,32 @@ pub fn compute_advantages_clipped(
         AdvantageEstimator::Rloo => {
             let seq = rloo_advantages(batch.rewards, batch.group_sizes)?;
             broadcast_to_tokens(&seq, batch.seq_offsets, batch.mask)
+        }
+        AdvantageEstimator::Gigpo {
+            gamma,
+            step_advantage_w,
+            mode,
+            eps,
+        } => {
+            let turns = turns.ok_or(TrainError::MissingInput {
+                name: "turns",
+                because: "the gigpo estimator needs each sequence's turns \
+                          (step rewards and anchor observations)",
+            })?;
+            let (adv, stats) = gigpo_advantages(
+                batch.rewards,
+                batch.group_sizes,
+                batch.seq_offsets,
+                batch.mask,
+                turns,
+                &GigpoParams {
+                    gamma,
+                    step_advantage_w,
+                    mode,
+                    eps,
+                },
+            )?;
+            return Ok((adv, Some(stats)));
         }
         AdvantageEstimator::ReinforcePlusPlus {
             gamma,
@@ -215,7 +320,8 @@ pub fn compute_advantages_clipped(
                 reward_clip: token_reward_clip,
             },
         ),
-    }
+    }?;
+    Ok((adv, None))
 }
 
 /// Checks that `group_sizes` partitions `n` sequences into non-empty groups and returns the

@@ -1,10 +1,12 @@
 //! `rollflash-train`: the math of an RL post-training step — advantage estimators and
 //! policy-gradient losses — as a library.
 //!
-//! - [`advantage`]: GRPO, RLOO, REINFORCE++ (and -baseline) on plain `f64` data, with
-//!   sequence → token broadcast and batch whitening.
-//! - [`shaping`]: ROLL's reward normalisation (group / batch mean and std), reward and
-//!   advantage clipping, advantage whitening for every estimator, DAPO's soft overlong
+//! - [`advantage`]: GRPO, RLOO, REINFORCE++ (and -baseline) and GiGPO on plain `f64` data,
+//!   with sequence → token broadcast and batch whitening.
+//! - [`gigpo`]: GiGPO's step-level advantages for multi-turn trajectories (verl-agent's
+//!   anchor-state groups), and the cutting of a trajectory into its turns.
+//! - [`shaping`]: ROLL's reward normalisation (group / batch / running mean and std), reward
+//!   and advantage clipping, advantage whitening for every estimator, DAPO's soft overlong
 //!   punishment — around any estimator.
 //! - [`loss`]: [`policy_loss`] on packed candle tensors: vanilla PG, PPO (asymmetric and dual
 //!   clip), TIS, TOPR, CISPO, Kimi 1.5, GSPO and AReaL's decoupled PPO (its behaviour-weight cap or rejection sampling), with ROLL's
@@ -20,6 +22,7 @@ pub mod advantage;
 pub mod agg;
 pub mod correction;
 pub mod error;
+pub mod gigpo;
 pub mod kl;
 pub mod layout;
 pub mod loss;
@@ -29,10 +32,14 @@ pub use advantage::{compute_advantages, AdvantageBatch, AdvantageEstimator};
 pub use agg::LossAgg;
 pub use correction::{CorrectionConfig, CorrectionFilter, CorrectionLevel, IsWeightConfig};
 pub use error::{Result, TrainError};
+pub use gigpo::{GigpoMode, GigpoStats, Turn};
 pub use kl::KlEstimator;
 pub use layout::SeqLayout;
 pub use loss::{
     policy_loss, LossConfig, LossMetrics, LossOutput, PgVariant, PolicyLossInputs, RejectionAction,
     RejectionAgg, RejectionLevel, RejectionMetric, RejectionSampling,
 };
-pub use shaping::{compute_shaped_advantages, NormScope, OverlongConfig, ShapingConfig};
+pub use shaping::{
+    compute_shaped_advantages, compute_shaped_advantages_with, NormScope, OverlongConfig,
+    RunningMoments, ShapingConfig,
+};

@@ -11,8 +11,11 @@
 //!    `R_len = 0` if `L ≤ L_max − L_cache`, `((L_max − L_cache) − L) / L_cache` inside the
 //!    buffer, `−1` beyond `L_max`; times `penalty_factor` (verl), added to the score;
 //! 2. **reward normalisation** (ROLL `reward_norm`, `norm_mean_type` / `norm_std_type`):
-//!    `r ← (r − μ) / (σ + 1e-6)` with `μ` the group or batch mean (or 0) and `σ` the group or
-//!    batch **unbiased** standard deviation, or `r ← r − μ` without a std type;
+//!    `r ← (r − μ) / (σ + 1e-6)` with `μ` the group, batch or running mean (or 0) and `σ` the
+//!    group or batch **unbiased** standard deviation or the running one, or `r ← r − μ`
+//!    without a std type. `running` statistics are ROLL's `RunningMoments`
+//!    ([`RunningMoments`]): merged with the batch's rewards *before* they normalise it, and
+//!    carried from step to step (and across a resume) by the caller;
 //! 3. **reward clipping** (ROLL `reward_clip`): `r ← clamp(r, −c, c)`; REINFORCE++ also clips
 //!    its token rewards (after the KL penalty) to the same bound, as ROLL's
 //!    `compute_token_reward` does;
@@ -27,15 +30,17 @@
 //! group gives `(r − μ)/1e-6 = 0` when the mean is subtracted; with a std type but no mean
 //! type it divides the raw reward by 1e-6, exactly as ROLL does — clip the reward if you use
 //! that. Whitening needs two valid tokens (ROLL skips it with fewer; so does this).
-//! ROLL's `running` statistics are not offered.
+//! The running std after a first batch of one sample is infinite (ROLL's
+//! `var · n/(n − 1)` with `n = 1`), which gives the same 0.
 
 use serde::{Deserialize, Serialize};
 
 use crate::advantage::{
-    compute_advantages_clipped, group_ranges, masked_whiten, sample_std, AdvantageBatch,
+    compute_advantages_with_turns, group_ranges, masked_whiten, sample_std, AdvantageBatch,
     AdvantageEstimator,
 };
 use crate::error::{Result, TrainError};
+use crate::gigpo::{GigpoStats, Turn};
 use crate::layout::SeqLayout;
 
 /// Over which samples a reward mean or standard deviation is taken (ROLL's
@@ -50,6 +55,102 @@ pub enum NormScope {
     Group,
     /// The whole batch.
     Batch,
+    /// Statistics of every reward seen so far, this batch included (ROLL's `running`:
+    /// [`RunningMoments`], updated before normalising).
+    Running,
+}
+
+/// ROLL's `RunningMoments` (`roll/utils/functionals.py`, a modified stable-baselines3
+/// `RunningMeanStd`): the mean and variance of a stream of rewards, merged batch by batch
+/// with the parallel-variance formula (Chan et al.). With `n` rewards of mean `m_b` and
+/// **biased** variance `v_b` (`torch.var_mean(xs, unbiased=False)`), and `δ = m_b − mean`,
+/// `N = count + n`:
+///
+/// - `mean ← mean + δ·n/N`,
+/// - `var ← (var·count + δ²·count·n/N + v_b·n) / N` (biased, over all `N`),
+/// - `std = sqrt(var·N/(N − 1))` (the unbiased correction of the merged variance),
+/// - `count ← N`.
+///
+/// The stream starts at `mean = 0`, `var = 1`, `count = 1e-24` (ROLL's prior: a vanishing
+/// pseudo-count, so the first batch's statistics take over). `reward_norm` calls `update`
+/// with the batch *before* reading `mean` / `std`, so the current batch is part of its own
+/// statistics. ROLL keeps one per domain; rollflash has one reward stream. ROLL computes in
+/// float32; this is float64.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RunningMoments {
+    /// Running mean.
+    pub mean: f64,
+    /// Running biased variance (over `count`).
+    pub var: f64,
+    /// Rewards merged so far, plus ROLL's 1e-24 prior.
+    pub count: f64,
+    /// Batches merged so far (0: the prior, whose std is ROLL's initial 1).
+    pub batches: u64,
+}
+
+impl Default for RunningMoments {
+    /// ROLL's initial state: mean 0, var 1 (std 1), count 1e-24.
+    fn default() -> Self {
+        RunningMoments {
+            mean: 0.0,
+            var: 1.0,
+            count: 1e-24,
+            batches: 0,
+        }
+    }
+}
+
+impl RunningMoments {
+    /// Merges a batch of rewards, in ROLL's order of operations. An empty batch changes
+    /// nothing (ROLL would turn the statistics into NaN).
+    pub fn update(&mut self, xs: &[f64]) {
+        if xs.is_empty() {
+            return;
+        }
+        let n = xs.len() as f64;
+        let xs_mean = mean(xs);
+        let xs_var = xs
+            .iter()
+            .map(|x| (x - xs_mean) * (x - xs_mean))
+            .sum::<f64>()
+            / n;
+        let delta = xs_mean - self.mean;
+        let tot_count = self.count + n;
+        let new_sum = xs_var * n;
+        // The old sum of squares, corrected for the new mean.
+        let old_sum = self.var * self.count + delta * delta * self.count * n / tot_count;
+        let tot_sum = old_sum + new_sum;
+        self.mean += delta * n / tot_count;
+        self.var = tot_sum / tot_count;
+        self.count = tot_count;
+        self.batches += 1;
+    }
+
+    /// The running standard deviation ROLL divides by: `sqrt(var·count/(count − 1))`, or its
+    /// initial 1 before any batch. Infinite after a single reward in all.
+    pub fn std(&self) -> f64 {
+        if self.batches == 0 {
+            return 1.0;
+        }
+        (self.var * self.count / (self.count - 1.0)).sqrt()
+    }
+
+    /// Checks a restored state (a checkpoint's): finite, variance ≥ 0, count > 0.
+    pub fn validate(&self) -> Result<()> {
+        let ok = self.mean.is_finite()
+            && self.var.is_finite()
+            && self.var >= 0.0
+            && self.count.is_finite()
+            && self.count > 0.0;
+        if ok {
+            Ok(())
+        } else {
+            Err(TrainError::config(
+                "shaping.running",
+                format!("{self:?} is not a running-moments state"),
+            ))
+        }
+    }
 }
 
 /// DAPO's soft overlong punishment. `max_len` and `cache_len` are in generated tokens.
@@ -109,9 +210,10 @@ impl OverlongConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ShapingConfig {
-    /// ROLL `norm_mean_type`: subtract the group or batch mean reward.
+    /// ROLL `norm_mean_type`: subtract the group, batch or running mean reward.
     pub norm_mean_type: NormScope,
-    /// ROLL `norm_std_type`: divide by the group or batch reward std (+ `norm_eps`).
+    /// ROLL `norm_std_type`: divide by the group, batch or running reward std
+    /// (+ `norm_eps`).
     pub norm_std_type: NormScope,
     /// Added to the std (ROLL's `reward_norm`: 1e-6).
     pub norm_eps: f64,
@@ -144,6 +246,12 @@ impl ShapingConfig {
     /// Whether anything is shaped.
     pub fn is_active(&self) -> bool {
         *self != ShapingConfig::default()
+    }
+
+    /// Whether rewards are normalised by running statistics, which then live from step to
+    /// step (and in checkpoints).
+    pub fn uses_running(&self) -> bool {
+        self.norm_mean_type == NormScope::Running || self.norm_std_type == NormScope::Running
     }
 
     /// Checks every knob; errors name the field under `shaping.`.
@@ -201,6 +309,8 @@ pub struct ShapingMetrics {
     pub overlong_frac: f64,
     /// Mean overlong penalty per sequence (≤ 0).
     pub overlong_penalty_mean: f64,
+    /// The running statistics after this batch, when `running` normalisation is on.
+    pub running: Option<RunningMoments>,
 }
 
 /// Advantages and what went into them.
@@ -213,6 +323,8 @@ pub struct Shaped {
     pub rewards: Vec<f64>,
     /// What shaping did.
     pub metrics: ShapingMetrics,
+    /// How GiGPO's turns fell into step groups (GiGPO only).
+    pub gigpo: Option<GigpoStats>,
 }
 
 fn mean(xs: &[f64]) -> f64 {
@@ -220,7 +332,8 @@ fn mean(xs: &[f64]) -> f64 {
 }
 
 /// ROLL's `reward_norm` over per-sequence rewards (see the module documentation for the
-/// formula and the undefined-std rule).
+/// formula and the undefined-std rule). `running` scopes use fresh [`RunningMoments`] — the
+/// first batch of a stream; [`normalize_rewards_running`] carries them.
 pub fn normalize_rewards(
     rewards: &[f64],
     group_sizes: &[usize],
@@ -228,9 +341,33 @@ pub fn normalize_rewards(
     std_type: NormScope,
     eps: f64,
 ) -> Result<Vec<f64>> {
+    normalize_rewards_running(
+        rewards,
+        group_sizes,
+        mean_type,
+        std_type,
+        eps,
+        &mut RunningMoments::default(),
+    )
+}
+
+/// [`normalize_rewards`] with the running statistics of the stream so far: when either scope
+/// is `running`, `running` first merges this batch (ROLL's `running.update(rewards)`), then
+/// its mean / std normalise it. Otherwise `running` is untouched.
+pub fn normalize_rewards_running(
+    rewards: &[f64],
+    group_sizes: &[usize],
+    mean_type: NormScope,
+    std_type: NormScope,
+    eps: f64,
+    running: &mut RunningMoments,
+) -> Result<Vec<f64>> {
     let ranges = group_ranges(group_sizes, rewards.len())?;
     if mean_type == NormScope::None && std_type == NormScope::None {
         return Ok(rewards.to_vec());
+    }
+    if mean_type == NormScope::Running || std_type == NormScope::Running {
+        running.update(rewards);
     }
     let batch_mean = if rewards.is_empty() {
         0.0
@@ -245,11 +382,13 @@ pub fn normalize_rewards(
             NormScope::None => 0.0,
             NormScope::Group => mean(group),
             NormScope::Batch => batch_mean,
+            NormScope::Running => running.mean,
         };
         let sigma = match std_type {
             NormScope::None => Some(None),
             NormScope::Group => sample_std(group).map(Some),
             NormScope::Batch => batch_std.map(Some),
+            NormScope::Running => Some(Some(running.std())),
         };
         for (o, &r) in out[range].iter_mut().zip(group) {
             *o = match sigma {
@@ -265,6 +404,8 @@ pub fn normalize_rewards(
 /// Runs the whole shaping pipeline around `estimator` on `batch` (whose `rewards` are the raw
 /// scores): length punishment, normalisation, clipping, the estimator, whitening, advantage
 /// clipping. With the default [`ShapingConfig`] this is exactly [`compute_advantages`].
+/// `running` normalisation starts from fresh statistics (a stream's first batch), and
+/// step-level estimators (GiGPO) have no turns here: use [`compute_shaped_advantages_with`].
 ///
 /// [`compute_advantages`]: crate::advantage::compute_advantages
 pub fn compute_shaped_advantages(
@@ -272,7 +413,29 @@ pub fn compute_shaped_advantages(
     shaping: &ShapingConfig,
     batch: &AdvantageBatch<'_>,
 ) -> Result<Shaped> {
+    compute_shaped_advantages_with(
+        estimator,
+        shaping,
+        batch,
+        None,
+        &mut RunningMoments::default(),
+    )
+}
+
+/// [`compute_shaped_advantages`] for a training loop: `turns` are each sequence's turns (for
+/// GiGPO), and `running` the reward statistics of the steps before, which this batch updates
+/// when `running` normalisation is on. `running` is changed only when the whole pipeline
+/// succeeds.
+pub fn compute_shaped_advantages_with(
+    estimator: &AdvantageEstimator,
+    shaping: &ShapingConfig,
+    batch: &AdvantageBatch<'_>,
+    turns: Option<&[Vec<Turn<'_>>]>,
+    running: &mut RunningMoments,
+) -> Result<Shaped> {
     shaping.validate()?;
+    running.validate()?;
+    let mut next_running = *running;
     let layout = SeqLayout::new(batch.seq_offsets, batch.mask.len())?;
     layout.check_seqs("rewards", batch.rewards.len())?;
     let n_seq = batch.rewards.len();
@@ -296,13 +459,17 @@ pub fn compute_shaped_advantages(
             metrics.overlong_penalty_mean = total / n_seq as f64;
         }
     }
-    let mut rewards = normalize_rewards(
+    let mut rewards = normalize_rewards_running(
         &rewards,
         batch.group_sizes,
         shaping.norm_mean_type,
         shaping.norm_std_type,
         shaping.norm_eps,
+        &mut next_running,
     )?;
+    if shaping.uses_running() {
+        metrics.running = Some(next_running);
+    }
     if let Some(c) = shaping.reward_clip {
         let moved = rewards.iter().filter(|r| r.abs() > c).count();
         if n_seq > 0 {
@@ -317,7 +484,8 @@ pub fn compute_shaped_advantages(
         rewards: &rewards,
         ..*batch
     };
-    let mut adv = compute_advantages_clipped(estimator, &shaped_batch, shaping.reward_clip)?;
+    let (mut adv, gigpo) =
+        compute_advantages_with_turns(estimator, &shaped_batch, turns, shaping.reward_clip)?;
     if shaping.whiten_advantages {
         masked_whiten(&mut adv, batch.mask, 1e-8);
     }
@@ -335,9 +503,11 @@ pub fn compute_shaped_advantages(
             *a = a.clamp(-c, c);
         }
     }
+    *running = next_running;
     Ok(Shaped {
         advantages: adv,
         rewards,
         metrics,
+        gigpo,
     })
 }

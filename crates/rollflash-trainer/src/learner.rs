@@ -8,7 +8,10 @@
 //! `kl_coef`). The penalty follows ROLL (`apply_kl_penalty`): per token, k1 of the
 //! behaviour log-probs (the policy that generated the sample) against the reference,
 //! `−β·(logπ_behav − logπ_ref)` added to each response token's reward before the returns.
-//! Reward and advantage shaping (`rollflash_train::shaping`) runs over the whole batch.
+//! Reward and advantage shaping (`rollflash_train::shaping`) runs over the whole batch; with
+//! `running` reward normalisation the learner carries ROLL's running statistics from step to
+//! step ([`PolicyLearner::running_moments`], saved in checkpoints). The GiGPO estimator gets
+//! each trajectory's turns (generated tokens, step reward, the observation before it).
 //!
 //! A model with LoRA adapters ([`TrainableModel::with_lora`]) trains the same way: its
 //! variables are the adapters, so gradients, clipping and AdamW state cover them alone, and
@@ -25,9 +28,12 @@ use rollflash_model::train::{
 };
 use rollflash_rollout::WeightUpdate;
 use rollflash_train::advantage::{AdvantageBatch, AdvantageEstimator};
+use rollflash_train::gigpo::{split_turns, Turn};
 use rollflash_train::kl::{kl_per_token, KlEstimator};
 use rollflash_train::loss::{policy_loss, LossConfig, LossMetrics, PolicyLossInputs};
-use rollflash_train::shaping::{compute_shaped_advantages, ShapingConfig, ShapingMetrics};
+use rollflash_train::shaping::{
+    compute_shaped_advantages_with, RunningMoments, ShapingConfig, ShapingMetrics,
+};
 use rollflash_train::LossAgg;
 
 use crate::controller::{Learner, LearnerError, StepStats};
@@ -63,6 +69,9 @@ pub struct PolicyLearner {
     /// The frozen policy the KL term and the KL reward penalty are measured against (the
     /// weights the learner started from), kept only when one of them is on.
     reference: Option<Transformer>,
+    /// ROLL's running reward statistics, merged with every trained batch when
+    /// `shaping.norm_*_type = "running"`; checkpointed, so a resumed run continues them.
+    running: RunningMoments,
 }
 
 impl std::fmt::Debug for PolicyLearner {
@@ -97,6 +106,7 @@ impl PolicyLearner {
         };
         Ok(PolicyLearner {
             reference,
+            running: RunningMoments::default(),
             model,
             opt: AdamW::new(cfg.optimizer.clone()),
             device: cfg.device.clone(),
@@ -120,9 +130,11 @@ impl PolicyLearner {
         let mut mask = Vec::new();
         let mut behav = Vec::new();
         let mut backends = BackendOwners::default();
+        let mut trajectories: Vec<&Trajectory> = Vec::new();
         for g in &batch.groups {
             group_sizes.push(g.samples.len());
             for (t, r) in &g.samples {
+                trajectories.push(t);
                 seqs.push(&t.tokens);
                 rewards.push(*r);
                 mask.extend(t.loss_mask.iter().map(|&m| m == 1));
@@ -185,9 +197,32 @@ impl PolicyLearner {
             }
             _ => None,
         };
+        // Step-level estimators (GiGPO) see each trajectory's turns.
+        let turns: Option<Vec<Vec<Turn<'_>>>> = if self.cfg.advantage.needs_turns() {
+            let mut all = Vec::with_capacity(n_seq);
+            for (t, (&start, &end)) in trajectories.iter().zip(offsets.iter().zip(&offsets[1..])) {
+                let lengths: Vec<usize> = t.turns.iter().map(|turn| turn.tokens).collect();
+                all.push(
+                    split_turns(
+                        &t.tokens,
+                        &mask[start..end],
+                        start,
+                        t.prompt_len,
+                        &lengths,
+                        &t.step_rewards,
+                    )
+                    .map_err(err)?,
+                );
+            }
+            Some(all)
+        } else {
+            None
+        };
         // Advantages over the whole batch (group baselines, REINFORCE++'s batch statistics,
-        // batch reward normalisation and whitening) before it is cut into micro-batches.
-        let shaped = compute_shaped_advantages(
+        // batch reward normalisation and whitening) before it is cut into micro-batches. The
+        // running reward statistics advance only when the whole step succeeds.
+        let mut running = self.running;
+        let shaped = compute_shaped_advantages_with(
             &self.cfg.advantage,
             &self.cfg.shaping,
             &AdvantageBatch {
@@ -197,10 +232,13 @@ impl PolicyLearner {
                 mask: &mask,
                 kl: reward_kl.as_deref(),
             },
+            turns.as_deref(),
+            &mut running,
         )
         .map_err(err)?;
         let shaping_metrics: Option<ShapingMetrics> =
             self.cfg.shaping.is_active().then_some(shaped.metrics);
+        let gigpo_stats = shaped.gigpo;
         let adv = shaped.advantages;
         let n_mask = mask.iter().filter(|&&m| m).count().max(1);
         let reward_kl_mean = reward_kl
@@ -347,11 +385,27 @@ impl PolicyLearner {
                 metrics.push(("overlong_frac".to_string(), m.overlong_frac));
                 metrics.push(("overlong_penalty".to_string(), m.overlong_penalty_mean));
             }
+            if let Some(r) = m.running {
+                // The statistics that normalised this batch (it included).
+                metrics.push(("reward_running_mean".to_string(), r.mean));
+                metrics.push(("reward_running_std".to_string(), r.std()));
+            }
+        }
+        if let Some(g) = gigpo_stats {
+            metrics.push((
+                "gigpo_step_group_size".to_string(),
+                g.mean_step_group_size(),
+            ));
+            metrics.push((
+                "gigpo_singleton_frac".to_string(),
+                g.singleton_steps as f64 / g.steps.max(1) as f64,
+            ));
         }
         if let Some(k) = reward_kl_mean {
             // Mean k1 per response token, before β: what the reward penalty subtracted.
             metrics.push(("kl_reward".to_string(), k));
         }
+        self.running = running;
         Ok((
             WeightUpdate::InProcess {
                 model: new,
@@ -482,5 +536,18 @@ impl PolicyLearner {
     /// Replaces the optimizer (with one restored from a checkpoint).
     pub fn set_optimizer(&mut self, opt: AdamW) {
         self.opt = opt;
+    }
+
+    /// The running reward statistics (ROLL's `RunningMoments`) after the last step, when
+    /// `running` normalisation is on (`None` otherwise: there is nothing to carry).
+    pub fn running_moments(&self) -> Option<RunningMoments> {
+        self.cfg.shaping.uses_running().then_some(self.running)
+    }
+
+    /// Restores the running reward statistics (from a checkpoint).
+    pub fn set_running_moments(&mut self, running: RunningMoments) -> Result<(), LearnerError> {
+        running.validate().map_err(err)?;
+        self.running = running;
+        Ok(())
     }
 }

@@ -6,9 +6,11 @@
 mod advantage;
 mod common;
 mod config;
+mod gigpo;
 mod kl;
 mod layout;
 mod random;
 mod reference;
+mod running;
 mod sanity;
 mod shaping;

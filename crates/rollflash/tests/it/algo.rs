@@ -108,8 +108,15 @@ fn algorithm_errors_name_the_field() {
         (vec!["train.preset=ppo2"], "train.preset"),
         (vec!["train.shaping.reward_clip=0"], "shaping.reward_clip"),
         (
-            vec!["train.shaping.norm_mean_type=\"running\""],
+            vec!["train.shaping.norm_mean_type=\"median\""],
             "norm_mean_type",
+        ),
+        (
+            vec![
+                "train.advantage.name=\"gigpo\"",
+                "train.advantage.step_advantage_w=-1",
+            ],
+            "gigpo.step_advantage_w",
         ),
         (
             vec![

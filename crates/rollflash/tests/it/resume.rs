@@ -142,6 +142,63 @@ async fn a_resumed_run_ends_where_the_uninterrupted_one_does() {
     crate::util::assert_balanced(last, "last step");
 }
 
+/// ROLL's running reward statistics live in the learner from step to step; a resume must
+/// restore them from the checkpoint, or the first resumed batch is normalised by fresh
+/// statistics and the run diverges. With GiGPO (multi-turn FrozenLake, step-level groups) as
+/// the estimator, so its turns are cut from real trajectories too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_run_continues_the_running_reward_statistics_exactly() {
+    const N: usize = 4;
+    const K: usize = 2;
+    let sets = |dir: &Path, steps: usize, every: usize| {
+        let mut s = sync_sets(dir, steps, every);
+        s.extend([
+            "train.advantage.name=gigpo".to_string(),
+            "train.shaping.norm_mean_type=running".to_string(),
+            "train.shaping.norm_std_type=running".to_string(),
+        ]);
+        TrainConfig::load(None, &s).unwrap()
+    };
+    let full = tempfile::tempdir().unwrap();
+    let part = tempfile::tempdir().unwrap();
+    let a = pipeline::run(sets(full.path(), N, 0)).await.unwrap();
+    assert_eq!(a.report.steps.len(), N);
+    pipeline::run(sets(part.path(), K, K)).await.unwrap();
+    let ckpt = rollflash_run::checkpoint::latest(&part.path().join("checkpoints")).unwrap();
+    let state: Value =
+        serde_json::from_str(&std::fs::read_to_string(ckpt.join("state.json")).unwrap()).unwrap();
+    let saved: rollflash_run::checkpoint::SavedRunning =
+        serde_json::from_value(state["reward_running"].clone()).unwrap();
+    assert_eq!(saved.batches, K as u64, "{state}");
+    // Two batches of 2 groups × 4 samples, plus ROLL's 1e-24 prior (lost in the sum).
+    assert_eq!(saved.moments().count, (K * 8) as f64, "{state}");
+
+    let b2 = pipeline::run_with(
+        sets(part.path(), N, K),
+        RunOptions {
+            resume: Some(Resume::Latest),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(b2.report.steps.len(), N - K);
+    let (ma, mb) = (metrics(full.path()), metrics(part.path()));
+    for key in [
+        "reward_running_mean",
+        "reward_running_std",
+        "gigpo_step_group_size",
+        "reward",
+    ] {
+        assert_eq!(column(&ma, key), column(&mb, key), "{key}");
+    }
+    // The statistics moved from step to step (they are running, not per batch).
+    let means = column(&ma, "reward_running_mean");
+    assert!(means.windows(2).any(|w| w[0] != w[1]), "{means:?}");
+    let diff = max_weight_diff(&a.checkpoint, &b2.checkpoint);
+    assert_eq!(diff, 0.0, "resumed weights differ by {diff}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_have_every_field_and_the_report_is_built_from_them() {
     let dir = tempfile::tempdir().unwrap();
