@@ -52,6 +52,7 @@ mod fused;
 pub mod gguf;
 pub mod hf;
 pub mod lora;
+mod lora_linear;
 pub mod model;
 mod ops;
 pub mod sampling;

@@ -378,13 +378,20 @@ pub fn load_peft(dir: &Path, device: &Device) -> Result<Adapters> {
 /// `1/(1 − p)`) or zeroed by a draw of a stream seeded with `seed`, so a training forward is
 /// reproducible and the finite-difference test sees the same mask every time.
 pub(crate) fn dropout(x: &Tensor, p: f64, seed: u64) -> Result<Tensor> {
+    Ok((x * dropout_mask_tensor(x, p, seed)?)?)
+}
+
+/// The `n` mask values of [`dropout`]: `0` or `1/(1 − p)`, in element order.
+pub(crate) fn dropout_mask(n: usize, p: f64, seed: u64) -> impl Iterator<Item = f64> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let keep = 1.0 / (1.0 - p);
-    let mask: Vec<f64> = (0..x.elem_count())
-        .map(|_| if rng.random::<f64>() < p { 0.0 } else { keep })
-        .collect();
-    let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
-    Ok((x * mask)?)
+    (0..n).map(move |_| if rng.random::<f64>() < p { 0.0 } else { keep })
+}
+
+/// [`dropout`]'s mask for `x`, in `x`'s shape, dtype and device.
+pub(crate) fn dropout_mask_tensor(x: &Tensor, p: f64, seed: u64) -> candle_core::Result<Tensor> {
+    let mask: Vec<f64> = dropout_mask(x.elem_count(), p, seed).collect();
+    Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())
 }
 
 /// The dropout stream of one adapted projection in one forward: the forward's seed mixed
