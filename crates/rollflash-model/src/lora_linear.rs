@@ -68,6 +68,39 @@ fn apply_mask<T: WithDType + std::ops::Mul<Output = T>>(x: &[T], p: f64, seed: u
         .collect()
 }
 
+impl LoraLinear {
+    /// [`combine`] over storages of element type `T`; `bias` is contiguous `[n]`.
+    fn combine_storage<T>(
+        &self,
+        y: &CpuStorage,
+        delta: &CpuStorage,
+        bias: Option<&Tensor>,
+        n: usize,
+    ) -> candle_core::Result<Vec<T>>
+    where
+        T: WithDType + std::ops::Add<Output = T> + std::ops::Mul<Output = T>,
+    {
+        let guard = bias.map(Tensor::storage_and_layout);
+        let b = match &guard {
+            Some((s, l)) => match &**s {
+                candle_core::Storage::Cpu(c) => {
+                    let o = l.start_offset();
+                    Some(&c.as_slice::<T>()?[o..o + n])
+                }
+                _ => candle_core::bail!("lora_linear: the bias is not on the CPU"),
+            },
+            None => None,
+        };
+        Ok(combine(
+            y.as_slice::<T>()?,
+            delta.as_slice::<T>()?,
+            b,
+            self.scale,
+            n,
+        ))
+    }
+}
+
 impl CustomOp3 for LoraLinear {
     fn name(&self) -> &'static str {
         "rollflash-lora-linear"
@@ -129,31 +162,12 @@ impl CustomOp3 for LoraLinear {
             Some(b) => Some(cpu(b, "the bias")?.flatten_all()?.contiguous()?),
             None => None,
         };
-        let bias_storage = bias.as_ref().map(|b| b.storage_and_layout());
         let out = match (&y, &delta) {
-            (CpuStorage::F32(y), CpuStorage::F32(d)) => {
-                let b = match &bias_storage {
-                    Some((s, l)) => match &**s {
-                        candle_core::Storage::Cpu(CpuStorage::F32(v)) => {
-                            Some(&v[l.start_offset()..l.start_offset() + n])
-                        }
-                        _ => candle_core::bail!("lora_linear: the bias is not f32 on the CPU"),
-                    },
-                    None => None,
-                };
-                CpuStorage::F32(combine(y, d, b, self.scale, n))
+            (CpuStorage::F32(_), CpuStorage::F32(_)) => {
+                CpuStorage::F32(self.combine_storage::<f32>(&y, &delta, bias.as_ref(), n)?)
             }
-            (CpuStorage::F64(y), CpuStorage::F64(d)) => {
-                let b = match &bias_storage {
-                    Some((s, l)) => match &**s {
-                        candle_core::Storage::Cpu(CpuStorage::F64(v)) => {
-                            Some(&v[l.start_offset()..l.start_offset() + n])
-                        }
-                        _ => candle_core::bail!("lora_linear: the bias is not f64 on the CPU"),
-                    },
-                    None => None,
-                };
-                CpuStorage::F64(combine(y, d, b, self.scale, n))
+            (CpuStorage::F64(_), CpuStorage::F64(_)) => {
+                CpuStorage::F64(self.combine_storage::<f64>(&y, &delta, bias.as_ref(), n)?)
             }
             _ => candle_core::bail!("lora_linear: f32 or f64 inputs of one dtype"),
         };

@@ -199,20 +199,22 @@ impl Backend for WedgedUpdates {
     }
 }
 
+/// `b` behind [`WedgedUpdates`], with its own update deadline or the proxy's.
+fn wedged(b: &Arc<InstantBackend>, update_timeout: Option<Duration>) -> BackendEntry {
+    BackendEntry {
+        backend: Arc::new(WedgedUpdates(Arc::clone(b))),
+        max_running_requests: 4,
+        update_timeout,
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_weight_update_that_never_returns_costs_one_deadline_and_the_others_serve() {
     let a = Arc::new(InstantBackend::with_delay("a", Duration::from_millis(5)));
     let b = Arc::new(InstantBackend::with_delay("b", Duration::from_millis(5)));
     let timeout = Duration::from_secs(30);
     let proxy = LlmProxy::start(
-        vec![
-            entry(&a),
-            BackendEntry {
-                backend: Arc::new(WedgedUpdates(Arc::clone(&b))),
-                max_running_requests: 4,
-                update_timeout: None,
-            },
-        ],
+        vec![entry(&a), wedged(&b, None)],
         Box::new(RoundRobin::default()),
         ProxyConfig {
             update_timeout: timeout,
@@ -260,19 +262,7 @@ async fn each_backend_s_own_update_deadline_bounds_its_update() {
     let own = Duration::from_secs(5);
     let default = Duration::from_secs(30);
     let proxy = LlmProxy::start(
-        vec![
-            entry(&c),
-            BackendEntry {
-                backend: Arc::new(WedgedUpdates(Arc::clone(&a))),
-                max_running_requests: 4,
-                update_timeout: Some(own),
-            },
-            BackendEntry {
-                backend: Arc::new(WedgedUpdates(Arc::clone(&b))),
-                max_running_requests: 4,
-                update_timeout: None,
-            },
-        ],
+        vec![entry(&c), wedged(&a, Some(own)), wedged(&b, None)],
         Box::new(RoundRobin::default()),
         ProxyConfig {
             update_timeout: default,

@@ -436,9 +436,65 @@ fn assert_flat(s: &Soak) {
     }
 }
 
+/// The soak's own process: "this process" in [`Soak::rss`] must hold the proxy and its
+/// callers alone, not the other tests this binary runs at the same time (a LoRA training run
+/// beside it once grew it by 150 MB). So the test runs itself again, filtered to this one
+/// test, with `SOAK_CHILD` set; the child soaks and prints its numbers, the parent checks.
+const SOAK_CHILD: &str = "ROLLFLASH_SOAK_CHILD";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_short_has_no_errors_and_flat_memory() {
-    let s = soak(15, 128).await;
+    if std::env::var_os(SOAK_CHILD).is_some() {
+        let s = soak(15, 128).await;
+        println!("SOAK {} {}", s.requests, s.errors);
+        for (t, a, b, me) in &s.rss {
+            println!("RSS {t} {a} {b} {me}");
+        }
+        return;
+    }
+    let out = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "serve_faults::soak_short_has_no_errors_and_flat_memory",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(SOAK_CHILD, "1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the soak process failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let nums = |line: &str| -> Vec<u64> {
+        line.split_whitespace()
+            .skip(1)
+            .map(|n| n.parse().unwrap())
+            .collect()
+    };
+    // The harness prints the test's name before its first output, on the same line.
+    let head = stdout
+        .lines()
+        .find_map(|l| l.find("SOAK ").map(|i| &l[i..]))
+        .unwrap_or_else(|| panic!("no SOAK line: {stdout}"));
+    let (requests, errors) = (nums(head)[0], nums(head)[1]);
+    let rss = stdout
+        .lines()
+        .filter(|l| l.starts_with("RSS "))
+        .map(|l| {
+            let v = nums(l);
+            (v[0], v[1], v[2], v[3])
+        })
+        .collect();
+    let s = Soak {
+        requests,
+        errors,
+        rss,
+    };
     eprintln!(
         "soak 15 s x 128 callers: {} requests, {} errors, RSS KiB (t, a, b, proxy) first {:?} last {:?}",
         s.requests,
