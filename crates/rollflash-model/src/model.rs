@@ -10,6 +10,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::config::ModelConfig;
+use crate::fused::{CausalMask, CausalSoftmax};
 use crate::lora::{self, Adapters, PROJECTIONS};
 use crate::ops;
 use crate::weights::Weights;
@@ -139,6 +140,10 @@ impl Pass {
         if self.frozen && !self.fused && x.device().is_cpu() {
             let x = x.contiguous()?;
             return Ok(x.apply_op1(crate::fused::FrozenLinear { w: w.clone() })?);
+        }
+        if !self.fused && ops::on_cpu_kernels(x) && x.rank() == 2 {
+            // The same matmul, with the weight's gradient formed in its own layout.
+            return Ok(x.apply_op2(w, crate::fused::Linear)?);
         }
         Ok(x.matmul(&w.t()?)?)
     }
@@ -710,11 +715,25 @@ impl Transformer {
         let k = to_batch(k, nkv)?;
         let v = to_batch(v, nkv)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?
-            .reshape((b, nkv, rep, t, t))?
-            .broadcast_add(&pad.mask)?
-            .reshape((b, nkv, rep * t, t))?;
-        let p = ops::softmax_last_dim(&scores, fused)?;
+        let raw = q.matmul(&k.t()?)?;
+        let p = if !fused && ops::on_cpu_kernels(&raw) {
+            // Training: scale, mask and softmax in one kernel, the arithmetic of the ops below
+            // (inference keeps candle's softmax kernel, which sums in another order).
+            raw.apply_op1(CausalSoftmax {
+                scale,
+                mask: CausalMask {
+                    queries: t,
+                    past: 0,
+                    lens: pad.lens.clone(),
+                },
+            })?
+        } else {
+            let scores = (raw * scale)?
+                .reshape((b, nkv, rep, t, t))?
+                .broadcast_add(&pad.mask)?
+                .reshape((b, nkv, rep * t, t))?;
+            ops::softmax_last_dim(&scores, fused)?
+        };
         let out = p
             .matmul(&v)?
             .reshape((b, nh, t, hd))?
@@ -734,6 +753,20 @@ impl Transformer {
         // Scaling q (t rows) is cheaper than scaling the scores (L columns).
         let q = (q.reshape((nkv, rep * t, hd))? * scale)?;
         let mut scores = q.matmul(&k.t()?)?;
+        if t > 1 && !fused && ops::on_cpu_kernels(&scores) {
+            // Training: mask and softmax in one kernel (q is already scaled: the scale is 1,
+            // exact), the arithmetic of the ops below.
+            let p = scores.apply_op1(CausalSoftmax {
+                scale: 1.0,
+                mask: CausalMask {
+                    queries: t,
+                    past: l - t,
+                    lens: vec![l],
+                },
+            })?;
+            let out = p.matmul(v)?.reshape((nh, t, hd))?;
+            return Ok(out.transpose(0, 1)?.reshape((t, nh * hd))?);
+        }
         if t > 1 {
             // The queries are the last t of the l key positions: query i sees keys 0 ..= past + i.
             let past = l - t;
@@ -764,6 +797,8 @@ struct Padding {
     scatter: Tensor,
     /// `[B, 1, 1, T, T]`: 0 where query i may see key j (j ≤ i, j real), −∞ elsewhere.
     mask: Tensor,
+    /// The real length of each sequence (the same mask for [`CausalSoftmax`]).
+    lens: Vec<usize>,
 }
 
 impl Padding {
@@ -793,6 +828,7 @@ impl Padding {
             gather: Tensor::from_vec(gather, b * t, device)?,
             scatter: Tensor::from_vec(scatter, n_scatter, device)?,
             mask: Tensor::from_vec(mask, (b, 1, 1, t, t), device)?.to_dtype(dtype)?,
+            lens: spans.iter().map(|s| s.1).collect(),
         })
     }
 }
