@@ -10,7 +10,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::config::ModelConfig;
-use crate::fused::{CausalMask, CausalSoftmax};
+use crate::fused::{CausalMask, CausalSoftmax, FromHeadsFirst, PadMap, ToHeadsFirst};
 use crate::lora::{self, Adapters, PROJECTIONS};
 use crate::ops;
 use crate::weights::Weights;
@@ -705,6 +705,48 @@ impl Transformer {
         let nkv = k.dim(1)?;
         let rep = nh / nkv;
         let (b, t) = (pad.batch, pad.max_len);
+        let scale = 1.0 / (hd as f64).sqrt();
+        if ops::on_cpu_kernels(q) {
+            // The packed ⇄ padded reshuffles as one copy each (pure copies: the same values as
+            // the composed chains below, with one backward node instead of four or five).
+            let heads_first = |x: &Tensor, groups: usize| -> Result<Tensor> {
+                Ok(x.contiguous()?.apply_op1(ToHeadsFirst {
+                    map: pad.map.clone(),
+                    groups,
+                    zero_pads: false,
+                })?)
+            };
+            let (q, k, v) = (
+                heads_first(q, nkv)?,
+                heads_first(k, nkv)?,
+                heads_first(v, nkv)?,
+            );
+            let raw = q.matmul(&k.t()?)?;
+            // Training: scale, mask and softmax in one kernel, the arithmetic of the composed
+            // ops (inference keeps candle's softmax kernel, which sums in another order).
+            let p = if fused {
+                let scores = (raw * scale)?
+                    .reshape((b, nkv, rep, t, t))?
+                    .broadcast_add(&pad.mask)?
+                    .reshape((b, nkv, rep * t, t))?;
+                ops::softmax_last_dim(&scores, fused)?
+            } else {
+                raw.apply_op1(CausalSoftmax {
+                    scale,
+                    mask: CausalMask {
+                        queries: t,
+                        past: 0,
+                        lens: pad.lens.clone(),
+                    },
+                })?
+            };
+            return Ok(p.matmul(&v)?.apply_op1(FromHeadsFirst {
+                map: pad.map.clone(),
+                heads: nh,
+                hd,
+                fold_pads: false,
+            })?);
+        }
         let to_batch = |x: &Tensor, heads: usize| -> Result<Tensor> {
             Ok(x.index_select(&pad.gather, 0)?
                 .reshape((b, t, heads, hd))?
@@ -714,26 +756,11 @@ impl Transformer {
         let q = to_batch(q, nh)?.reshape((b, nkv, rep * t, hd))?;
         let k = to_batch(k, nkv)?;
         let v = to_batch(v, nkv)?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let raw = q.matmul(&k.t()?)?;
-        let p = if !fused && ops::on_cpu_kernels(&raw) {
-            // Training: scale, mask and softmax in one kernel, the arithmetic of the ops below
-            // (inference keeps candle's softmax kernel, which sums in another order).
-            raw.apply_op1(CausalSoftmax {
-                scale,
-                mask: CausalMask {
-                    queries: t,
-                    past: 0,
-                    lens: pad.lens.clone(),
-                },
-            })?
-        } else {
-            let scores = (raw * scale)?
-                .reshape((b, nkv, rep, t, t))?
-                .broadcast_add(&pad.mask)?
-                .reshape((b, nkv, rep * t, t))?;
-            ops::softmax_last_dim(&scores, fused)?
-        };
+        let scores = (q.matmul(&k.t()?)? * scale)?
+            .reshape((b, nkv, rep, t, t))?
+            .broadcast_add(&pad.mask)?
+            .reshape((b, nkv, rep * t, t))?;
+        let p = ops::softmax_last_dim(&scores, fused)?;
         let out = p
             .matmul(&v)?
             .reshape((b, nh, t, hd))?
@@ -799,6 +826,8 @@ struct Padding {
     mask: Tensor,
     /// The real length of each sequence (the same mask for [`CausalSoftmax`]).
     lens: Vec<usize>,
+    /// The same maps for [`ToHeadsFirst`] / [`FromHeadsFirst`].
+    map: PadMap,
 }
 
 impl Padding {
@@ -829,6 +858,10 @@ impl Padding {
             scatter: Tensor::from_vec(scatter, n_scatter, device)?,
             mask: Tensor::from_vec(mask, (b, 1, 1, t, t), device)?.to_dtype(dtype)?,
             lens: spans.iter().map(|s| s.1).collect(),
+            map: PadMap {
+                spans: spans.iter().map(|&(off, len, _)| (off, len)).collect(),
+                t,
+            },
         })
     }
 }

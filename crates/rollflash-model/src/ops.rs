@@ -543,6 +543,90 @@ mod tests {
         assert_eq!(flat(&a), flat(&b));
     }
 
+    /// The packed ⇄ padded heads-first copies and the composed gather / reshape / transpose
+    /// chains they replace agree exactly (f64), values and gradients, with pads.
+    #[test]
+    fn heads_first_copies_match_composed() {
+        use crate::fused::{FromHeadsFirst, PadMap, ToHeadsFirst};
+        let (heads, groups, hd) = (6, 2, 4);
+        let lens = [5usize, 2, 4];
+        let t = 5;
+        let mut spans = Vec::new();
+        let mut gather = Vec::new();
+        let mut scatter = Vec::new();
+        let mut off = 0;
+        for (s, &len) in lens.iter().enumerate() {
+            spans.push((off, len));
+            for i in 0..t {
+                gather.push((off + i.min(len - 1)) as u32);
+                if i < len {
+                    scatter.push((s * t + i) as u32);
+                }
+            }
+            off += len;
+        }
+        let n = off;
+        let b = lens.len();
+        let map = PadMap { spans, t };
+        let gather = Tensor::from_vec(gather, b * t, &Device::Cpu).unwrap();
+        let scatter = Tensor::from_vec(scatter, n, &Device::Cpu).unwrap();
+        let to = |x: &Tensor| {
+            x.apply_op1(ToHeadsFirst {
+                map: map.clone(),
+                groups,
+                zero_pads: false,
+            })
+            .unwrap()
+        };
+        let to_composed = |x: &Tensor| {
+            x.index_select(&gather, 0)
+                .unwrap()
+                .reshape((b, t, heads, hd))
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap()
+                .contiguous()
+                .unwrap()
+                .reshape((b, groups, heads / groups * t, hd))
+                .unwrap()
+        };
+        check_many(
+            &[(data(n * heads * hd, 3), vec![n, heads, hd], true)],
+            f64::MIN_POSITIVE,
+            |x| to(&x[0]),
+            |x| to_composed(&x[0]),
+        );
+        let from = |y: &Tensor| {
+            y.apply_op1(FromHeadsFirst {
+                map: map.clone(),
+                heads,
+                hd,
+                fold_pads: false,
+            })
+            .unwrap()
+        };
+        let from_composed = |y: &Tensor| {
+            y.reshape((b, heads, t, hd))
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap()
+                .reshape((b * t, heads * hd))
+                .unwrap()
+                .index_select(&scatter, 0)
+                .unwrap()
+        };
+        check_many(
+            &[(
+                data(b * heads * t * hd, 8),
+                vec![b, groups, heads / groups * t, hd],
+                true,
+            )],
+            f64::MIN_POSITIVE,
+            |y| from(&y[0]),
+            |y| from_composed(&y[0]),
+        );
+    }
+
     /// The fused log-prob/entropy op and the composed ops agree on values and on gradients
     /// (f64, 1e-10), for a loss that weights log-probs and entropies differently per row.
     #[test]
