@@ -97,6 +97,16 @@ fn last_dim(layout: &Layout) -> usize {
     layout.shape().dims().last().copied().unwrap_or(1)
 }
 
+/// `Σ terms` in f64 over four interleaved partial sums (fixed order: reproducible): a single
+/// running sum waits on each add's latency, which made the backward passes' dot products slow.
+fn dot_f64(terms: impl Iterator<Item = f64>) -> f64 {
+    let mut acc = [0f64; 4];
+    for (i, t) in terms.enumerate() {
+        acc[i % 4] += t;
+    }
+    (acc[0] + acc[1]) + (acc[2] + acc[3])
+}
+
 /// Runs `f(block_index, rows_in, rows_out)` over blocks of `BLOCK_ROWS` rows of `d` elements,
 /// in parallel when there is enough work.
 fn for_blocks<T: Real, R: Send>(
@@ -219,18 +229,19 @@ impl RmsNormBwd {
             for (r, dxr) in dxs.chunks_mut(d).enumerate() {
                 let row = &x[base + r * d..base + (r + 1) * d];
                 let gr = &g[base + r * d..base + (r + 1) * d];
-                let m = rms_denominator(row, self.eps).to_f64();
-                let dot: f64 = row
-                    .iter()
-                    .zip(gr)
-                    .zip(w)
-                    .map(|((&v, &gi), &a)| gi.to_f64() * a.to_f64() * v.to_f64())
-                    .sum();
-                let c = dot / (d as f64 * m * m * m);
+                // Multiplies by 1/m: two divisions per element were most of this loop.
+                let inv_m = 1.0 / rms_denominator(row, self.eps).to_f64();
+                let dot = dot_f64(
+                    row.iter()
+                        .zip(gr)
+                        .zip(w)
+                        .map(|((&v, &gi), &a)| gi.to_f64() * a.to_f64() * v.to_f64()),
+                );
+                let c = dot * inv_m * inv_m * inv_m / d as f64;
                 for (j, o) in dxr.iter_mut().enumerate() {
                     let (v, gi) = (row[j].to_f64(), gr[j].to_f64());
-                    *o = T::from_f64(gi * w[j].to_f64() / m - v * c);
-                    dw[j] += gi * v / m;
+                    *o = T::from_f64(gi * w[j].to_f64() * inv_m - v * c);
+                    dw[j] += gi * v * inv_m;
                 }
             }
             dw
@@ -793,11 +804,7 @@ impl CausalSoftmaxBwd {
                 let vis = self.mask.visible(row, rows, v);
                 let yr = &y[row * v..row * v + vis];
                 let gr = &g[row * v..row * v + vis];
-                let dot: f64 = yr
-                    .iter()
-                    .zip(gr)
-                    .map(|(&a, &b)| a.to_f64() * b.to_f64())
-                    .sum();
+                let dot = dot_f64(yr.iter().zip(gr).map(|(&a, &b)| a.to_f64() * b.to_f64()));
                 let dot = T::from_f64(dot);
                 for ((o, &a), &b) in o[..vis].iter_mut().zip(yr).zip(gr) {
                     *o = a * (b - dot) * scale;
