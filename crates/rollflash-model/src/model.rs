@@ -141,10 +141,6 @@ impl Pass {
             let x = x.contiguous()?;
             return Ok(x.apply_op1(crate::fused::FrozenLinear { w: w.clone() })?);
         }
-        if !self.fused && ops::on_cpu_kernels(x) && x.rank() == 2 {
-            // The same matmul, with the weight's gradient formed in its own layout.
-            return Ok(x.apply_op2(w, crate::fused::Linear)?);
-        }
         Ok(x.matmul(&w.t()?)?)
     }
 }
