@@ -1,5 +1,6 @@
-//! Fused CPU kernels with hand-written backward passes: RMSNorm, rotary embedding, SwiGLU and
-//! the training softmax.
+//! Fused CPU kernels with hand-written backward passes: RMSNorm, rotary embedding, SwiGLU, the
+//! training softmax, attention's scale + causal mask + softmax, and the log-prob/entropy of the
+//! logits.
 //!
 //! Each is one pass over memory forward and one backward, where the composed candle ops are
 //! 3–8 passes each way (plus their intermediate tensors). The same forward kernel serves
@@ -94,6 +95,16 @@ fn contiguous<'a, T>(data: &'a [T], layout: &Layout, what: &str) -> candle_core:
 
 fn last_dim(layout: &Layout) -> usize {
     layout.shape().dims().last().copied().unwrap_or(1)
+}
+
+/// `Σ terms` in f64 over four interleaved partial sums (fixed order: reproducible): a single
+/// running sum waits on each add's latency, which made the backward passes' dot products slow.
+fn dot_f64(terms: impl Iterator<Item = f64>) -> f64 {
+    let mut acc = [0f64; 4];
+    for (i, t) in terms.enumerate() {
+        acc[i % 4] += t;
+    }
+    (acc[0] + acc[1]) + (acc[2] + acc[3])
 }
 
 /// Runs `f(block_index, rows_in, rows_out)` over blocks of `BLOCK_ROWS` rows of `d` elements,
@@ -218,18 +229,19 @@ impl RmsNormBwd {
             for (r, dxr) in dxs.chunks_mut(d).enumerate() {
                 let row = &x[base + r * d..base + (r + 1) * d];
                 let gr = &g[base + r * d..base + (r + 1) * d];
-                let m = rms_denominator(row, self.eps).to_f64();
-                let dot: f64 = row
-                    .iter()
-                    .zip(gr)
-                    .zip(w)
-                    .map(|((&v, &gi), &a)| gi.to_f64() * a.to_f64() * v.to_f64())
-                    .sum();
-                let c = dot / (d as f64 * m * m * m);
+                // Multiplies by 1/m: two divisions per element were most of this loop.
+                let inv_m = 1.0 / rms_denominator(row, self.eps).to_f64();
+                let dot = dot_f64(
+                    row.iter()
+                        .zip(gr)
+                        .zip(w)
+                        .map(|((&v, &gi), &a)| gi.to_f64() * a.to_f64() * v.to_f64()),
+                );
+                let c = dot * inv_m * inv_m * inv_m / d as f64;
                 for (j, o) in dxr.iter_mut().enumerate() {
                     let (v, gi) = (row[j].to_f64(), gr[j].to_f64());
-                    *o = T::from_f64(gi * w[j].to_f64() / m - v * c);
-                    dw[j] += gi * v / m;
+                    *o = T::from_f64(gi * w[j].to_f64() * inv_m - v * c);
+                    dw[j] += gi * v * inv_m;
                 }
             }
             dw
@@ -540,8 +552,9 @@ impl CustomOp3 for SwiGluBwd {
 // ---------------------------------------------------------------------------------------------
 // Softmax
 
-/// Softmax over the last dimension for training, in candle's kernel's arithmetic (max, `exp` of
-/// the shifted row, the sum in `T` left to right, divide), so it equals the inference softmax.
+/// Softmax over the last dimension for training, in candle's kernel's steps (max, `exp` of the
+/// shifted row, the sum in `T`, divide). The sum runs left to right here; candle 0.11 sums f32
+/// rows in AVX lanes where the CPU has them, so the two agree to rounding, not bit for bit.
 /// Backward: `y ⊙ (g − Σ g ⊙ y)`, one pass ([`SoftmaxBwd`]).
 pub(crate) struct SoftmaxLastDim;
 
@@ -650,6 +663,542 @@ impl CustomOp2 for SoftmaxBwd {
             _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
         };
         Ok((out, l1.shape().clone()))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention: score scaling, causal mask and softmax in one kernel
+
+/// Which keys each row of a block of attention scores `[batch, groups, rows, keys]` may see.
+/// Rows are queries repeated per head: row `r` is query `r % queries`. Query `i` of batch
+/// element `b` sees keys `0 ..= min(past + i, lens[b] − 1)` — causal, and never a pad key.
+#[derive(Debug, Clone)]
+pub(crate) struct CausalMask {
+    /// Queries per head (the rows of a head are `queries` consecutive rows).
+    pub queries: usize,
+    /// Keys before the first query (a chunk continuing a cache; 0 for a fresh sequence).
+    pub past: usize,
+    /// Real key length of each batch element; the rows split evenly among them. A pad query
+    /// row still sees its element's real keys, so its softmax stays finite.
+    pub lens: Vec<usize>,
+}
+
+impl CausalMask {
+    /// Keys visible to `row` of `rows` in all, each of `keys` entries.
+    fn visible(&self, row: usize, rows: usize, keys: usize) -> usize {
+        let per_batch = (rows / self.lens.len().max(1)).max(1);
+        let len = self
+            .lens
+            .get(row / per_batch)
+            .copied()
+            .unwrap_or(keys)
+            .max(1);
+        let i = row % self.queries.max(1);
+        ((self.past + i).min(len - 1) + 1).min(keys)
+    }
+}
+
+/// `softmax(scale · s + mask)` over the last dimension of raw attention scores `s = q·kᵀ`, with
+/// the mask of [`CausalMask`]: one pass instead of a scaling pass, a mask-add pass and the
+/// softmax, and one node of the backward graph instead of five (each of which candle's backward
+/// pays a zeroed gradient buffer and an add for). For training only: the arithmetic is that of
+/// the composed training ops, bit for bit — the product `s · scale` in `T` (candle's `affine`),
+/// the hidden keys `−∞` (their `exp` is 0 and adds nothing to the sum), then
+/// [`SoftmaxLastDim`]'s; inference keeps candle's softmax kernel, whose sum runs in SIMD lanes
+/// (the two agree to rounding, which the engine-vs-training tests bound). Backward:
+/// `scale · y ⊙ (g − Σ g ⊙ y)` over the visible keys ([`CausalSoftmaxBwd`]).
+#[derive(Debug, Clone)]
+pub(crate) struct CausalSoftmax {
+    pub scale: f64,
+    pub mask: CausalMask,
+}
+
+/// Runs `f(first_row, rows_out)` over blocks of `BLOCK_ROWS` rows of `v` elements of `out`, in
+/// parallel when `out` is large.
+fn for_row_blocks<T: Real>(out: &mut [T], v: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+    let step = BLOCK_ROWS * v.max(1);
+    let work = |(bi, o): (usize, &mut [T])| f(bi * BLOCK_ROWS, o);
+    if out.len() < PAR_MIN {
+        out.chunks_mut(step).enumerate().for_each(work);
+    } else {
+        out.par_chunks_mut(step).enumerate().for_each(work);
+    }
+}
+
+impl CausalSoftmax {
+    fn fwd<T: Real>(&self, x: &[T], v: usize) -> Vec<T> {
+        let rows = x.len() / v.max(1);
+        let scale = T::from_f64(self.scale);
+        let mut out = vec![T::zero(); x.len()];
+        for_row_blocks(&mut out, v, |first, ys| {
+            for (r, y) in ys.chunks_mut(v).enumerate() {
+                let row = first + r;
+                let vis = self.mask.visible(row, rows, v);
+                let y = &mut y[..vis];
+                for (y, &e) in y.iter_mut().zip(&x[row * v..row * v + vis]) {
+                    *y = e * scale;
+                }
+                let mut max = y[0];
+                for &e in &y[1..] {
+                    max = max.larger(e);
+                }
+                for y in y.iter_mut() {
+                    *y = (*y - max).exp();
+                }
+                let sum: T = y.iter().copied().sum();
+                for y in y.iter_mut() {
+                    *y /= sum;
+                }
+            }
+        });
+        out
+    }
+}
+
+impl CustomOp1 for CausalSoftmax {
+    fn name(&self) -> &'static str {
+        "rollflash-causal-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let v = last_dim(l);
+        if v == 0 {
+            candle_core::bail!("causal_softmax: no keys");
+        }
+        let what = "causal_softmax";
+        let out = match s {
+            CpuStorage::F32(x) => CpuStorage::F32(self.fwd(contiguous(x, l, what)?, v)),
+            CpuStorage::F64(x) => CpuStorage::F64(self.fwd(contiguous(x, l, what)?, v)),
+            _ => candle_core::bail!("{what}: only f32 and f64 are supported"),
+        };
+        Ok((out, l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let bwd = CausalSoftmaxBwd {
+            scale: self.scale,
+            mask: self.mask.clone(),
+        };
+        Ok(Some(
+            res.contiguous()?
+                .apply_op2_no_bwd(&grad.contiguous()?, &bwd)?,
+        ))
+    }
+}
+
+/// `(y, g) → scale · y ⊙ (g − Σ g ⊙ y)` over the visible keys of each row (the dot in f64), 0 on
+/// the hidden ones; the composed backward's arithmetic (the softmax's, then `affine`'s).
+struct CausalSoftmaxBwd {
+    scale: f64,
+    mask: CausalMask,
+}
+
+impl CausalSoftmaxBwd {
+    fn run<T: Real>(&self, y: &[T], g: &[T], v: usize) -> Vec<T> {
+        let rows = y.len() / v.max(1);
+        let scale = T::from_f64(self.scale);
+        let mut out = vec![T::zero(); y.len()];
+        for_row_blocks(&mut out, v, |first, os| {
+            for (r, o) in os.chunks_mut(v).enumerate() {
+                let row = first + r;
+                let vis = self.mask.visible(row, rows, v);
+                let yr = &y[row * v..row * v + vis];
+                let gr = &g[row * v..row * v + vis];
+                let dot = dot_f64(yr.iter().zip(gr).map(|(&a, &b)| a.to_f64() * b.to_f64()));
+                let dot = T::from_f64(dot);
+                for ((o, &a), &b) in o[..vis].iter_mut().zip(yr).zip(gr) {
+                    *o = a * (b - dot) * scale;
+                }
+            }
+        });
+        out
+    }
+}
+
+impl CustomOp2 for CausalSoftmaxBwd {
+    fn name(&self) -> &'static str {
+        "rollflash-causal-softmax-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let v = last_dim(l1);
+        let what = "causal_softmax backward";
+        if l1.shape() != l2.shape() {
+            candle_core::bail!("{what}: y {:?} but g {:?}", l1.shape(), l2.shape());
+        }
+        let out = match (s1, s2) {
+            (CpuStorage::F32(y), CpuStorage::F32(g)) => {
+                CpuStorage::F32(self.run(contiguous(y, l1, what)?, contiguous(g, l2, what)?, v))
+            }
+            (CpuStorage::F64(y), CpuStorage::F64(g)) => {
+                CpuStorage::F64(self.run(contiguous(y, l1, what)?, contiguous(g, l2, what)?, v))
+            }
+            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Log-prob of the target and entropy per row of the logits
+
+/// Per row of `logits [n, V]` with `z = logits / temperature`: `[log p(target), H, max, s]` as
+/// `[n, 4]`, where `max` is the row's largest logit and `s = log Σ exp(z − max/temperature)`
+/// (the last two are for the backward pass; [`crate::ops::logprob_entropy`] returns the first
+/// two). Backward, one pass over the row: `∂lp/∂z_j = δ_jt − p_j`,
+/// `∂H/∂z_j = −p_j (log p_j + H)`, both divided by the temperature ([`LogProbEntropyBwd`]).
+///
+/// The exponentials are in `T` (f32 for an f32 model) and their sums in f64, so the statistics
+/// are as exact as the f32 logits they come from (the f64 tests hold them to the composed ops
+/// at 1e-10); the rows are split over the current rayon pool.
+pub(crate) struct LogProbEntropy {
+    pub targets: std::sync::Arc<Vec<u32>>,
+    pub temperature: f64,
+}
+
+/// Columns of [`LogProbEntropy`]'s output.
+const LPE_COLS: usize = 4;
+
+impl LogProbEntropy {
+    fn fwd<T: Real>(&self, data: &[T], v: usize) -> candle_core::Result<Vec<T>> {
+        if let Some(&t) = self.targets.iter().find(|&&t| t as usize >= v) {
+            candle_core::bail!("logprob_entropy: target {t} outside a vocabulary of {v}");
+        }
+        let inv_t = T::from_f64(1.0 / self.temperature);
+        let mut out = vec![T::zero(); self.targets.len() * LPE_COLS];
+        let work = |(i, o): (usize, &mut [T])| {
+            let row = &data[i * v..(i + 1) * v];
+            let mut max = row[0];
+            for &x in &row[1..] {
+                max = max.larger(x);
+            }
+            let (mut sum, mut sum_ez) = (0f64, 0f64);
+            for &x in row {
+                let z = (x - max) * inv_t;
+                let e = z.exp();
+                sum += e.to_f64();
+                sum_ez += (e * z).to_f64();
+            }
+            let s = sum.ln();
+            let zt = ((row[self.targets[i] as usize] - max) * inv_t).to_f64();
+            // H = −Σ p (z − s) = s − Σ p z, with z measured from the max.
+            o[0] = T::from_f64(zt - s);
+            o[1] = T::from_f64(s - sum_ez / sum);
+            o[2] = max;
+            o[3] = T::from_f64(s);
+        };
+        if data.len() < PAR_MIN {
+            out.chunks_mut(LPE_COLS).enumerate().for_each(work);
+        } else {
+            out.par_chunks_mut(LPE_COLS).enumerate().for_each(work);
+        }
+        Ok(out)
+    }
+}
+
+impl CustomOp1 for LogProbEntropy {
+    fn name(&self) -> &'static str {
+        "rollflash-logprob-entropy"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (n, v) = l.shape().dims2()?;
+        let what = "logprob_entropy";
+        if n != self.targets.len() {
+            candle_core::bail!("{what}: {n} rows but {} targets", self.targets.len());
+        }
+        if v == 0 {
+            candle_core::bail!("{what}: empty vocabulary");
+        }
+        let out = match s {
+            CpuStorage::F32(d) => CpuStorage::F32(self.fwd(contiguous(d, l, what)?, v)?),
+            CpuStorage::F64(d) => CpuStorage::F64(self.fwd(contiguous(d, l, what)?, v)?),
+            _ => candle_core::bail!("{what}: only f32 and f64 are supported"),
+        };
+        Ok((out, (n, LPE_COLS).into()))
+    }
+
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let bwd = LogProbEntropyBwd {
+            targets: self.targets.clone(),
+            temperature: self.temperature,
+        };
+        // Read in place from the logits' storage: no host copies of `[n, V]`.
+        Ok(Some(logits.contiguous()?.apply_op3_no_bwd(
+            &res.contiguous()?,
+            &grad.contiguous()?,
+            &bwd,
+        )?))
+    }
+}
+
+/// `(logits, stats, g) → ∂(g · stats)/∂logits` for [`LogProbEntropy`], one pass per row.
+struct LogProbEntropyBwd {
+    targets: std::sync::Arc<Vec<u32>>,
+    temperature: f64,
+}
+
+impl LogProbEntropyBwd {
+    fn run<T: Real>(&self, data: &[T], stats: &[T], g: &[T], v: usize) -> Vec<T> {
+        let inv_t = T::from_f64(1.0 / self.temperature);
+        let mut out = vec![T::zero(); data.len()];
+        let work = |(i, o): (usize, &mut [T])| {
+            let row = &data[i * v..(i + 1) * v];
+            let st = &stats[i * LPE_COLS..(i + 1) * LPE_COLS];
+            let (ent, max, s) = (st[1], st[2], st[3]);
+            let (g_lp, g_ent) = (g[i * LPE_COLS], g[i * LPE_COLS + 1]);
+            for (o, &x) in o.iter_mut().zip(row) {
+                let logp = (x - max) * inv_t - s;
+                let p = logp.exp();
+                *o = (-(g_lp * p) - g_ent * p * (logp + ent)) * inv_t;
+            }
+            let t = self.targets[i] as usize;
+            o[t] += g_lp * inv_t;
+        };
+        if data.len() < PAR_MIN {
+            out.chunks_mut(v).enumerate().for_each(work);
+        } else {
+            out.par_chunks_mut(v).enumerate().for_each(work);
+        }
+        out
+    }
+}
+
+impl CustomOp3 for LogProbEntropyBwd {
+    fn name(&self) -> &'static str {
+        "rollflash-logprob-entropy-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (n, v) = l1.shape().dims2()?;
+        let what = "logprob_entropy backward";
+        if l2.shape().dims() != [n, LPE_COLS] || l3.shape().dims() != [n, LPE_COLS] {
+            candle_core::bail!(
+                "{what}: logits {:?}, stats {:?}, gradient {:?}",
+                l1.shape(),
+                l2.shape(),
+                l3.shape()
+            );
+        }
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(x), CpuStorage::F32(st), CpuStorage::F32(g)) => {
+                CpuStorage::F32(self.run(
+                    contiguous(x, l1, what)?,
+                    contiguous(st, l2, what)?,
+                    contiguous(g, l3, what)?,
+                    v,
+                ))
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(st), CpuStorage::F64(g)) => {
+                CpuStorage::F64(self.run(
+                    contiguous(x, l1, what)?,
+                    contiguous(st, l2, what)?,
+                    contiguous(g, l3, what)?,
+                    v,
+                ))
+            }
+            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packed rows ⇄ a padded, heads-first batch (attention of independent sequences)
+
+/// Where the sequences of a packed batch sit, and the padded length: sequence `s` is rows
+/// `spans[s].0 .. spans[s].0 + spans[s].1`, back to back. Slot `(s, i)` of the padded batch
+/// holds row `spans[s].0 + min(i, len − 1)`: a pad repeats the last real row (the attention mask
+/// hides it).
+#[derive(Debug, Clone)]
+pub(crate) struct PadMap {
+    /// `(first row, length)` of each sequence, in order, back to back.
+    pub spans: Vec<(usize, usize)>,
+    /// The padded length (the longest sequence).
+    pub t: usize,
+}
+
+impl PadMap {
+    /// The number of packed rows, after checking that the spans tile them.
+    fn rows(&self, what: &str) -> candle_core::Result<usize> {
+        let mut next = 0;
+        for &(off, len) in &self.spans {
+            if off != next || len == 0 || len > self.t {
+                candle_core::bail!("{what}: sequences must be non-empty and back to back");
+            }
+            next += len;
+        }
+        Ok(next)
+    }
+}
+
+/// `[n, heads, hd]` packed rows → the padded batch `[b, groups, heads / groups · t, hd]` (heads
+/// first; `groups` groups the heads so grouped-query attention needs no reshape): one copy,
+/// where the composed version is a gather, a reshape, a transpose, a copy and a reshape — five
+/// nodes of the backward graph, each a zeroed buffer and an add. With `zero_pads` pad slots
+/// are 0 instead of copies. Backward: each slot's gradient added to its source row, in slot
+/// order, as the gather's backward adds them ([`FromHeadsFirst`] with `fold_pads`).
+pub(crate) struct ToHeadsFirst {
+    pub map: PadMap,
+    pub groups: usize,
+    pub zero_pads: bool,
+}
+
+impl ToHeadsFirst {
+    fn fwd<T: Real>(&self, x: &[T], heads: usize, hd: usize) -> Vec<T> {
+        let t = self.map.t;
+        let mut out = vec![T::zero(); self.map.spans.len() * heads * t * hd];
+        let work = |(sh, o): (usize, &mut [T])| {
+            let (off, len) = self.map.spans[sh / heads];
+            let h = sh % heads;
+            for (i, o) in o.chunks_mut(hd).enumerate() {
+                if i >= len && self.zero_pads {
+                    break;
+                }
+                let r = off + i.min(len - 1);
+                o.copy_from_slice(&x[(r * heads + h) * hd..(r * heads + h + 1) * hd]);
+            }
+        };
+        if out.len() < PAR_MIN {
+            out.chunks_mut(t * hd).enumerate().for_each(work);
+        } else {
+            out.par_chunks_mut(t * hd).enumerate().for_each(work);
+        }
+        out
+    }
+}
+
+impl CustomOp1 for ToHeadsFirst {
+    fn name(&self) -> &'static str {
+        "rollflash-to-heads-first"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let what = "to_heads_first";
+        let (n, heads, hd) = l.shape().dims3()?;
+        if self.map.rows(what)? != n {
+            candle_core::bail!("{what}: the sequences do not cover {n} rows");
+        }
+        if self.groups == 0 || heads % self.groups != 0 {
+            candle_core::bail!("{what}: {heads} heads in {} groups", self.groups);
+        }
+        let out = match s {
+            CpuStorage::F32(x) => CpuStorage::F32(self.fwd(contiguous(x, l, what)?, heads, hd)),
+            CpuStorage::F64(x) => CpuStorage::F64(self.fwd(contiguous(x, l, what)?, heads, hd)),
+            _ => candle_core::bail!("{what}: only f32 and f64 are supported"),
+        };
+        let rows = heads / self.groups * self.map.t;
+        Ok((out, (self.map.spans.len(), self.groups, rows, hd).into()))
+    }
+
+    fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let (_, heads, hd) = x.dims3()?;
+        let dx = grad.contiguous()?.apply_op1_no_bwd(&FromHeadsFirst {
+            map: self.map.clone(),
+            heads,
+            hd,
+            fold_pads: true,
+        })?;
+        Ok(Some(dx.reshape(x.shape())?))
+    }
+}
+
+/// The padded batch (`[b, …]` holding `heads · t · hd` per sequence, heads first) → packed rows
+/// `[n, heads · hd]`: the inverse of [`ToHeadsFirst`], for the attention output, where the
+/// composed version is a reshape, a transpose, a copying reshape and a gather. Pad slots are
+/// dropped, or with `fold_pads` (the backward of [`ToHeadsFirst`]) added to the row they
+/// repeat, in slot order. Backward: [`ToHeadsFirst`] with pads 0 (no output reads them).
+pub(crate) struct FromHeadsFirst {
+    pub map: PadMap,
+    pub heads: usize,
+    pub hd: usize,
+    pub fold_pads: bool,
+}
+
+impl FromHeadsFirst {
+    fn fwd<T: Real>(&self, y: &[T], n: usize) -> Vec<T> {
+        let (t, heads, hd) = (self.map.t, self.heads, self.hd);
+        let mut out = vec![T::zero(); n * heads * hd];
+        // One part of the output per sequence: their rows are disjoint and back to back.
+        let mut parts = Vec::with_capacity(self.map.spans.len());
+        let mut rest = out.as_mut_slice();
+        for (s, &(_, len)) in self.map.spans.iter().enumerate() {
+            let (part, tail) = std::mem::take(&mut rest).split_at_mut(len * heads * hd);
+            parts.push((s, part));
+            rest = tail;
+        }
+        let work = |(s, o): (usize, &mut [T])| {
+            let len = self.map.spans[s].1;
+            let keep = if self.fold_pads { t } else { len };
+            for h in 0..heads {
+                let block = &y[(s * heads + h) * t * hd..(s * heads + h + 1) * t * hd];
+                for (i, src) in block.chunks(hd).take(keep).enumerate() {
+                    let r = i.min(len - 1);
+                    let dst = &mut o[(r * heads + h) * hd..(r * heads + h + 1) * hd];
+                    for (d, &v) in dst.iter_mut().zip(src) {
+                        *d += v;
+                    }
+                }
+            }
+        };
+        if n * heads * hd < PAR_MIN {
+            parts.into_iter().for_each(work);
+        } else {
+            parts.into_par_iter().for_each(work);
+        }
+        out
+    }
+}
+
+impl CustomOp1 for FromHeadsFirst {
+    fn name(&self) -> &'static str {
+        "rollflash-from-heads-first"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let what = "from_heads_first";
+        let n = self.map.rows(what)?;
+        let want = self.map.spans.len() * self.heads * self.map.t * self.hd;
+        if l.shape().elem_count() != want {
+            candle_core::bail!("{what}: {:?} is not {want} elements", l.shape());
+        }
+        let out = match s {
+            CpuStorage::F32(y) => CpuStorage::F32(self.fwd(contiguous(y, l, what)?, n)),
+            CpuStorage::F64(y) => CpuStorage::F64(self.fwd(contiguous(y, l, what)?, n)),
+            _ => candle_core::bail!("{what}: only f32 and f64 are supported"),
+        };
+        Ok((out, (n, self.heads * self.hd).into()))
+    }
+
+    fn bwd(&self, y: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let g = grad
+            .contiguous()?
+            .reshape((grad.dim(0)?, self.heads, self.hd))?;
+        let dy = g.apply_op1_no_bwd(&ToHeadsFirst {
+            map: self.map.clone(),
+            groups: self.heads,
+            zero_pads: true,
+        })?;
+        Ok(Some(dy.reshape(y.shape())?))
     }
 }
 

@@ -10,6 +10,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::config::ModelConfig;
+use crate::fused::{CausalMask, CausalSoftmax, FromHeadsFirst, PadMap, ToHeadsFirst};
 use crate::lora::{self, Adapters, PROJECTIONS};
 use crate::ops;
 use crate::weights::Weights;
@@ -718,6 +719,48 @@ impl Transformer {
         let nkv = k.dim(1)?;
         let rep = nh / nkv;
         let (b, t) = (pad.batch, pad.max_len);
+        let scale = 1.0 / (hd as f64).sqrt();
+        if ops::on_cpu_kernels(q) {
+            // The packed ⇄ padded reshuffles as one copy each (pure copies: the same values as
+            // the composed chains below, with one backward node instead of four or five).
+            let heads_first = |x: &Tensor, groups: usize| -> Result<Tensor> {
+                Ok(x.contiguous()?.apply_op1(ToHeadsFirst {
+                    map: pad.map.clone(),
+                    groups,
+                    zero_pads: false,
+                })?)
+            };
+            let (q, k, v) = (
+                heads_first(q, nkv)?,
+                heads_first(k, nkv)?,
+                heads_first(v, nkv)?,
+            );
+            let raw = q.matmul(&k.t()?)?;
+            // Training: scale, mask and softmax in one kernel, the arithmetic of the composed
+            // ops (inference keeps candle's softmax kernel, which sums in another order).
+            let p = if fused {
+                let scores = (raw * scale)?
+                    .reshape((b, nkv, rep, t, t))?
+                    .broadcast_add(&pad.mask)?
+                    .reshape((b, nkv, rep * t, t))?;
+                ops::softmax_last_dim(&scores, fused)?
+            } else {
+                raw.apply_op1(CausalSoftmax {
+                    scale,
+                    mask: CausalMask {
+                        queries: t,
+                        past: 0,
+                        lens: pad.lens.clone(),
+                    },
+                })?
+            };
+            return Ok(p.matmul(&v)?.apply_op1(FromHeadsFirst {
+                map: pad.map.clone(),
+                heads: nh,
+                hd,
+                fold_pads: false,
+            })?);
+        }
         let to_batch = |x: &Tensor, heads: usize| -> Result<Tensor> {
             Ok(x.index_select(&pad.gather, 0)?
                 .reshape((b, t, heads, hd))?
@@ -727,7 +770,6 @@ impl Transformer {
         let q = to_batch(q, nh)?.reshape((b, nkv, rep * t, hd))?;
         let k = to_batch(k, nkv)?;
         let v = to_batch(v, nkv)?;
-        let scale = 1.0 / (hd as f64).sqrt();
         let scores = (q.matmul(&k.t()?)? * scale)?
             .reshape((b, nkv, rep, t, t))?
             .broadcast_add(&pad.mask)?
@@ -752,6 +794,20 @@ impl Transformer {
         // Scaling q (t rows) is cheaper than scaling the scores (L columns).
         let q = (q.reshape((nkv, rep * t, hd))? * scale)?;
         let mut scores = q.matmul(&k.t()?)?;
+        if t > 1 && !fused && ops::on_cpu_kernels(&scores) {
+            // Training: mask and softmax in one kernel (q is already scaled: the scale is 1,
+            // exact), the arithmetic of the ops below.
+            let p = scores.apply_op1(CausalSoftmax {
+                scale: 1.0,
+                mask: CausalMask {
+                    queries: t,
+                    past: l - t,
+                    lens: vec![l],
+                },
+            })?;
+            let out = p.matmul(v)?.reshape((nh, t, hd))?;
+            return Ok(out.transpose(0, 1)?.reshape((t, nh * hd))?);
+        }
         if t > 1 {
             // The queries are the last t of the l key positions: query i sees keys 0 ..= past + i.
             let past = l - t;
@@ -782,6 +838,10 @@ struct Padding {
     scatter: Tensor,
     /// `[B, 1, 1, T, T]`: 0 where query i may see key j (j ≤ i, j real), −∞ elsewhere.
     mask: Tensor,
+    /// The real length of each sequence (the same mask for [`CausalSoftmax`]).
+    lens: Vec<usize>,
+    /// The same maps for [`ToHeadsFirst`] / [`FromHeadsFirst`].
+    map: PadMap,
 }
 
 impl Padding {
@@ -811,6 +871,11 @@ impl Padding {
             gather: Tensor::from_vec(gather, b * t, device)?,
             scatter: Tensor::from_vec(scatter, n_scatter, device)?,
             mask: Tensor::from_vec(mask, (b, 1, 1, t, t), device)?.to_dtype(dtype)?,
+            lens: spans.iter().map(|s| s.1).collect(),
+            map: PadMap {
+                spans: spans.iter().map(|&(off, len, _)| (off, len)).collect(),
+                t,
+            },
         })
     }
 }

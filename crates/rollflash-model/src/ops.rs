@@ -42,7 +42,7 @@ fn widened(x: &Tensor) -> Result<Tensor> {
 }
 
 /// Whether the fused CPU kernels of [`crate::fused`] take this tensor.
-fn on_cpu_kernels(x: &Tensor) -> bool {
+pub(crate) fn on_cpu_kernels(x: &Tensor) -> bool {
     x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64)
 }
 
@@ -149,24 +149,26 @@ pub(crate) fn swiglu_composed(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 ///
 /// The composed version (divide, max, subtract, exp, sum, log, gather, multiply, sum) keeps
 /// half a dozen `[n, V]` tensors alive for the backward pass — 400 MB each for 2 048 tokens of
-/// a 49 k vocabulary — and walks them a dozen times. This op reads the logits once forward and
-/// writes one gradient backward:
-/// `∂lp/∂z_j = δ_jt − p_j`, `∂H/∂z_j = −p_j (log p_j + H)`, both divided by the temperature.
+/// a 49 k vocabulary — and walks them a dozen times. On the CPU (f32, f64) this is
+/// [`crate::fused::LogProbEntropy`]: one pass over the logits forward and one backward.
 pub(crate) fn logprob_entropy(
     logits: &Tensor,
     targets: Vec<u32>,
     temperature: f64,
 ) -> Result<Tensor> {
     let logits = logits.contiguous()?;
-    if !logits.device().is_cpu() {
-        // Other devices: the composed ops, in f32 for half-precision logits (log-probs, entropy
-        // and the loss built on them are f32; the gradient is cast back by `to_dtype`).
+    if !on_cpu_kernels(&logits) {
+        // Other devices and dtypes: the composed ops, in f32 for half-precision logits
+        // (log-probs, entropy and the loss built on them are f32; the gradient is cast back by
+        // `to_dtype`).
         return logprob_entropy_composed(&widened(&logits)?, &targets, temperature);
     }
-    Ok(logits.apply_op1(LogProbEntropy {
-        targets,
+    let stats = logits.apply_op1(crate::fused::LogProbEntropy {
+        targets: std::sync::Arc::new(targets),
         temperature,
-    })?)
+    })?;
+    // Columns 2 and 3 are what the backward pass reads back (the row's max and log-sum).
+    Ok(stats.narrow(1, 0, 2)?)
 }
 
 /// The same quantity from differentiable candle ops (any device; the reference in tests).
@@ -182,126 +184,6 @@ pub(crate) fn logprob_entropy_composed(
     let lp = logp.gather(&tgt, 1)?;
     let ent = (logp.exp()? * &logp)?.sum_keepdim(1)?.neg()?;
     Ok(Tensor::cat(&[&lp, &ent], 1)?)
-}
-
-struct LogProbEntropy {
-    targets: Vec<u32>,
-    temperature: f64,
-}
-
-/// One row: returns (log p_target, entropy, log-sum-exp of z) with z = logits / t.
-fn row_stats<T: candle_core::WithDType>(row: &[T], target: usize, t: f64) -> (f64, f64, f64) {
-    let mut max = f64::NEG_INFINITY;
-    for &x in row {
-        max = max.max(x.to_f64() / t);
-    }
-    let mut sum = 0.0;
-    let mut sum_pz = 0.0;
-    for &x in row {
-        let z = x.to_f64() / t - max;
-        let e = z.exp();
-        sum += e;
-        sum_pz += e * z;
-    }
-    let log_sum = sum.ln();
-    // H = -Σ p (z - max - log_sum) = log_sum - Σ p (z - max)
-    let ent = log_sum - sum_pz / sum;
-    let lp = row[target].to_f64() / t - max - log_sum;
-    (lp, ent, max + log_sum)
-}
-
-impl LogProbEntropy {
-    fn fwd<T: candle_core::WithDType>(&self, data: &[T], v: usize) -> candle_core::Result<Vec<T>> {
-        let mut out = Vec::with_capacity(self.targets.len() * 2);
-        for (i, &t) in self.targets.iter().enumerate() {
-            let row = &data[i * v..(i + 1) * v];
-            let t = t as usize;
-            if t >= v {
-                candle_core::bail!("logprob_entropy: target {t} outside a vocabulary of {v}");
-            }
-            let (lp, ent, _) = row_stats(row, t, self.temperature);
-            out.push(T::from_f64(lp));
-            out.push(T::from_f64(ent));
-        }
-        Ok(out)
-    }
-
-    fn bwd_rows<T: candle_core::WithDType>(&self, data: &[T], grad: &[T], v: usize) -> Vec<T> {
-        let t = self.temperature;
-        let mut out = Vec::with_capacity(data.len());
-        for (i, &target) in self.targets.iter().enumerate() {
-            let row = &data[i * v..(i + 1) * v];
-            let (_, ent, lse) = row_stats(row, target as usize, t);
-            let (g_lp, g_ent) = (grad[2 * i].to_f64(), grad[2 * i + 1].to_f64());
-            for (j, &x) in row.iter().enumerate() {
-                let logp = x.to_f64() / t - lse;
-                let p = logp.exp();
-                let onehot = if j == target as usize { 1.0 } else { 0.0 };
-                let g = g_lp * (onehot - p) - g_ent * p * (logp + ent);
-                out.push(T::from_f64(g / t));
-            }
-        }
-        out
-    }
-
-    fn grad_tensor<T: candle_core::WithDType>(
-        &self,
-        arg: &Tensor,
-        grad: &Tensor,
-        n: usize,
-        v: usize,
-    ) -> candle_core::Result<Tensor> {
-        let d = arg.flatten_all()?.to_vec1::<T>()?;
-        let g = grad.flatten_all()?.to_vec1::<T>()?;
-        Tensor::from_vec(self.bwd_rows(&d, &g, v), (n, v), arg.device())
-    }
-}
-
-impl candle_core::CustomOp1 for LogProbEntropy {
-    fn name(&self) -> &'static str {
-        "logprob-entropy"
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &candle_core::CpuStorage,
-        layout: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::CpuStorage;
-        let (n, v) = layout.shape().dims2()?;
-        if n != self.targets.len() {
-            candle_core::bail!(
-                "logprob_entropy: {n} rows but {} targets",
-                self.targets.len()
-            );
-        }
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("logprob_entropy: input must be contiguous");
-        };
-        let out = match storage {
-            CpuStorage::F32(d) => CpuStorage::F32(self.fwd(&d[start..end], v)?),
-            CpuStorage::F64(d) => CpuStorage::F64(self.fwd(&d[start..end], v)?),
-            _ => candle_core::bail!("logprob_entropy: only f32 and f64 are supported"),
-        };
-        Ok((out, (n, 2).into()))
-    }
-
-    fn bwd(
-        &self,
-        arg: &Tensor,
-        _res: &Tensor,
-        grad_res: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
-        let (n, v) = arg.dims2()?;
-        let arg = arg.contiguous()?;
-        let grad = grad_res.contiguous()?;
-        let g = match arg.dtype() {
-            DType::F32 => self.grad_tensor::<f32>(&arg, &grad, n, v)?,
-            DType::F64 => self.grad_tensor::<f64>(&arg, &grad, n, v)?,
-            other => candle_core::bail!("logprob_entropy: unsupported dtype {other:?}"),
-        };
-        Ok(Some(g))
-    }
 }
 
 #[cfg(test)]
@@ -510,6 +392,213 @@ mod tests {
             1e-12,
             |x| softmax_last_dim(x, false).unwrap(),
             |x| softmax_last_dim_composed(x).unwrap(),
+        );
+    }
+
+    /// The attention kernel (scale, causal mask, softmax) and the composed ops it replaces
+    /// agree on values and gradients (f64, 1e-12): a padded batch with a short sequence and
+    /// grouped heads, and a chunk continuing a cache (queries after `past` keys).
+    #[test]
+    fn causal_softmax_matches_composed() {
+        use crate::fused::{CausalMask, CausalSoftmax};
+        /// (batch, groups, rep, queries, keys, past, lens)
+        type Case = (usize, usize, usize, usize, usize, usize, Vec<usize>);
+        let cases: [Case; 3] = [
+            (2, 2, 3, 5, 5, 0, vec![5, 3]),
+            (1, 2, 2, 3, 7, 4, vec![7]),
+            (3, 1, 1, 40, 40, 0, vec![40, 1, 17]),
+        ];
+        for (b, g, rep, t, l, past, lens) in cases {
+            let shape = vec![b, g, rep * t, l];
+            let n: usize = shape.iter().product();
+            let mut mask = Vec::with_capacity(b * t * l);
+            for &len in &lens {
+                for i in 0..t {
+                    for j in 0..l {
+                        let seen = j <= (past + i).min(len - 1);
+                        mask.push(if seen { 0.0 } else { f64::NEG_INFINITY });
+                    }
+                }
+            }
+            let mask = Tensor::from_vec(mask, (b, 1, 1, t, l), &Device::Cpu).unwrap();
+            let scale = 0.37;
+            let op = CausalSoftmax {
+                scale,
+                mask: CausalMask {
+                    queries: t,
+                    past,
+                    lens: lens.clone(),
+                },
+            };
+            check_many(
+                &[(data(n, 4), shape.clone(), true)],
+                1e-12,
+                |x| x[0].apply_op1(op.clone()).unwrap(),
+                |x| {
+                    let s = (&x[0] * scale)
+                        .unwrap()
+                        .reshape((b, g, rep, t, l))
+                        .unwrap()
+                        .broadcast_add(&mask)
+                        .unwrap()
+                        .reshape((b, g, rep * t, l))
+                        .unwrap();
+                    softmax_last_dim_composed(&s).unwrap()
+                },
+            );
+            // f32: bit for bit what the separate passes and the training softmax give.
+            let x32 = Tensor::from_vec(
+                data(n, 4).into_iter().map(|v| v as f32).collect::<Vec<_>>(),
+                shape.clone(),
+                &Device::Cpu,
+            )
+            .unwrap();
+            let fused = x32.apply_op1(op.clone()).unwrap();
+            let s = (&x32 * scale)
+                .unwrap()
+                .reshape((b, g, rep, t, l))
+                .unwrap()
+                .broadcast_add(&mask.to_dtype(DType::F32).unwrap())
+                .unwrap()
+                .reshape((b, g, rep * t, l))
+                .unwrap();
+            let plain = softmax_last_dim(&s, false).unwrap();
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(flat(&fused), flat(&plain));
+        }
+    }
+
+    /// In f32 the log-prob/entropy kernel stays within 1e-5 of the f64 composed ops, values and
+    /// gradients, on a vocabulary large enough for rounding to show.
+    #[test]
+    fn logprob_entropy_in_f32_is_close_to_f64() {
+        let (n, v) = (6, 5000);
+        let raw: Vec<f64> = (0..n * v)
+            .map(|i| ((i * 7919 % 4001) as f64 / 4001.0 - 0.5) * 12.0)
+            .collect();
+        let targets: Vec<u32> = (0..n as u32).map(|i| i * 811 % v as u32).collect();
+        let w = Tensor::from_vec(
+            vec![
+                1.0f64, -0.5, 0.3, 2.0, -1.0, 0.7, 0.2, 0.1, -2.0, 1.5, 0.4, -0.9,
+            ],
+            (n, 2),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let run = |dtype: DType, fused: bool| -> Vec<f64> {
+            let x = Var::from_tensor(
+                &Tensor::from_vec(raw.clone(), (n, v), &Device::Cpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap(),
+            )
+            .unwrap();
+            let y = if fused {
+                logprob_entropy(x.as_tensor(), targets.clone(), 0.8).unwrap()
+            } else {
+                logprob_entropy_composed(x.as_tensor(), &targets, 0.8).unwrap()
+            };
+            let y = y.to_dtype(DType::F64).unwrap();
+            let grads = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+            let flat = |t: &Tensor| {
+                t.to_dtype(DType::F64)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f64>()
+                    .unwrap()
+            };
+            let mut all = flat(&y);
+            all.extend(flat(grads.get(x.as_tensor()).unwrap()));
+            all
+        };
+        let (got, want) = (run(DType::F32, true), run(DType::F64, false));
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+    }
+
+    /// The packed ⇄ padded heads-first copies and the composed gather / reshape / transpose
+    /// chains they replace agree exactly (f64), values and gradients, with pads.
+    #[test]
+    fn heads_first_copies_match_composed() {
+        use crate::fused::{FromHeadsFirst, PadMap, ToHeadsFirst};
+        let (heads, groups, hd) = (6, 2, 4);
+        let lens = [5usize, 2, 4];
+        let t = 5;
+        let mut spans = Vec::new();
+        let mut gather = Vec::new();
+        let mut scatter = Vec::new();
+        let mut off = 0;
+        for (s, &len) in lens.iter().enumerate() {
+            spans.push((off, len));
+            for i in 0..t {
+                gather.push((off + i.min(len - 1)) as u32);
+                if i < len {
+                    scatter.push((s * t + i) as u32);
+                }
+            }
+            off += len;
+        }
+        let n = off;
+        let b = lens.len();
+        let map = PadMap { spans, t };
+        let gather = Tensor::from_vec(gather, b * t, &Device::Cpu).unwrap();
+        let scatter = Tensor::from_vec(scatter, n, &Device::Cpu).unwrap();
+        let to = |x: &Tensor| {
+            x.apply_op1(ToHeadsFirst {
+                map: map.clone(),
+                groups,
+                zero_pads: false,
+            })
+            .unwrap()
+        };
+        let to_composed = |x: &Tensor| {
+            x.index_select(&gather, 0)
+                .unwrap()
+                .reshape((b, t, heads, hd))
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap()
+                .contiguous()
+                .unwrap()
+                .reshape((b, groups, heads / groups * t, hd))
+                .unwrap()
+        };
+        check_many(
+            &[(data(n * heads * hd, 3), vec![n, heads, hd], true)],
+            f64::MIN_POSITIVE,
+            |x| to(&x[0]),
+            |x| to_composed(&x[0]),
+        );
+        let from = |y: &Tensor| {
+            y.apply_op1(FromHeadsFirst {
+                map: map.clone(),
+                heads,
+                hd,
+                fold_pads: false,
+            })
+            .unwrap()
+        };
+        let from_composed = |y: &Tensor| {
+            y.reshape((b, heads, t, hd))
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap()
+                .reshape((b * t, heads * hd))
+                .unwrap()
+                .index_select(&scatter, 0)
+                .unwrap()
+        };
+        check_many(
+            &[(
+                data(b * heads * t * hd, 8),
+                vec![b, groups, heads / groups * t, hd],
+                true,
+            )],
+            f64::MIN_POSITIVE,
+            |y| from(&y[0]),
+            |y| from_composed(&y[0]),
         );
     }
 

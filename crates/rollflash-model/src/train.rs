@@ -339,11 +339,14 @@ impl GradAccumulator {
         names.sort();
         let mut total = 0.0f64;
         for g in names.into_iter().filter_map(|n| self.grads.get(n)) {
-            total += g
-                .to_dtype(DType::F64)?
-                .sqr()?
-                .sum_all()?
-                .to_scalar::<f64>()?;
+            total += match cpu_kernel::sum_of_squares(g)? {
+                Some(s) => s,
+                None => g
+                    .to_dtype(DType::F64)?
+                    .sqr()?
+                    .sum_all()?
+                    .to_scalar::<f64>()?,
+            };
         }
         Ok(total.sqrt())
     }
@@ -385,13 +388,14 @@ impl AdamW {
     /// The optimizer's state for a checkpoint: steps taken (the learning-rate schedule's
     /// position) and the moments as named tensors, `exp_avg.<param>` and `exp_avg_sq.<param>`
     /// (torch's names).
-    pub fn state(&self) -> (usize, Weights) {
+    pub fn state(&self) -> Result<(usize, Weights)> {
+        // Copies: the moments are updated in place by later steps.
         let mut w = Weights::default();
         for (name, (m, v)) in &self.state {
-            w.insert(format!("exp_avg.{name}"), m.clone());
-            w.insert(format!("exp_avg_sq.{name}"), v.clone());
+            w.insert(format!("exp_avg.{name}"), m.copy()?);
+            w.insert(format!("exp_avg_sq.{name}"), v.copy()?);
         }
-        (self.step, w)
+        Ok((self.step, w))
     }
 
     /// An optimizer continuing from a [`AdamW::state`]; fails on a moment without its pair.
@@ -408,8 +412,9 @@ impl AdamW {
                     .cloned()
                     .ok_or_else(|| ModelError::MissingTensor { name: n.into() })
             };
-            let m = get(name)?;
-            let v = get(&format!("exp_avg_sq.{param}"))?;
+            // Copies: a step updates the moments in place, and these are the caller's.
+            let m = get(name)?.copy()?;
+            let v = get(&format!("exp_avg_sq.{param}"))?.copy()?;
             state.insert(param.to_string(), (m, v));
         }
         Ok(AdamW { cfg, step, state })
@@ -430,26 +435,232 @@ impl AdamW {
         let bc2 = 1.0 - b2.powi(t);
         for (name, var) in model.vars() {
             let Some(g) = grads.get(name) else { continue };
-            let g = if clip != 1.0 { (g * clip)? } else { g.clone() };
             let (m, v) = match self.state.remove(name) {
                 Some(s) => s,
                 None => (g.zeros_like()?, g.zeros_like()?),
             };
-            let m = ((m * b1)? + (&g * (1.0 - b1))?)?;
-            let v = ((v * b2)? + (g.sqr()? * (1.0 - b2))?)?;
-            let m_hat = (&m / bc1)?;
-            let v_hat = (&v / bc2)?;
-            let update = (m_hat / (v_hat.sqrt()? + self.cfg.eps)?)?;
-            let w = var.as_tensor().detach();
+            let w = var.as_tensor();
             let decay = if w.rank() >= 2 {
                 self.cfg.weight_decay
             } else {
                 0.0
             };
+            if cpu_kernel::takes(&[w, g, &m, &v]) {
+                // Three passes in place instead of a dozen allocating ones: the same
+                // arithmetic in the same order.
+                m.inplace_op2(
+                    g,
+                    &cpu_kernel::Moment {
+                        beta: b1,
+                        clip,
+                        square: false,
+                    },
+                )?;
+                v.inplace_op2(
+                    g,
+                    &cpu_kernel::Moment {
+                        beta: b2,
+                        clip,
+                        square: true,
+                    },
+                )?;
+                w.inplace_op3(
+                    &m,
+                    &v,
+                    &cpu_kernel::Update {
+                        lr,
+                        decay,
+                        eps: self.cfg.eps,
+                        bc1,
+                        bc2,
+                    },
+                )?;
+                self.state.insert(name.clone(), (m, v));
+                continue;
+            }
+            let g = if clip != 1.0 { (g * clip)? } else { g.clone() };
+            let m = ((m * b1)? + (&g * (1.0 - b1))?)?;
+            let v = ((v * b2)? + (g.sqr()? * (1.0 - b2))?)?;
+            let m_hat = (&m / bc1)?;
+            let v_hat = (&v / bc2)?;
+            let update = (m_hat / (v_hat.sqrt()? + self.cfg.eps)?)?;
+            let w = w.detach();
             let new_w = ((w * (1.0 - lr * decay))? - (update * lr)?)?;
             var.set(&new_w)?;
             self.state.insert(name.clone(), (m, v));
         }
         Ok(StepStats { lr, grad_norm })
+    }
+}
+
+/// AdamW's CPU kernels (f32, f64, contiguous): the moments and the parameter updated in place,
+/// and the gradient norm's sum of squares in one pass. Each does the composed tensor ops'
+/// arithmetic per element in their order (`affine` for a product with a scalar), so a step
+/// gives the same parameters either way; other devices and dtypes use the composed ops.
+mod cpu_kernel {
+    use candle_core::{CpuStorage, Layout, Storage, Tensor};
+    use rayon::prelude::*;
+
+    use crate::fused::Real;
+
+    /// Elements per parallel block (fixed, so the sum of squares adds its partials in the same
+    /// order whatever the thread count).
+    const BLOCK: usize = 1 << 14;
+
+    /// Whether every tensor is a contiguous f32 or f64 tensor on the CPU, all of one dtype.
+    pub(super) fn takes(ts: &[&Tensor]) -> bool {
+        let dtype = ts.first().map(|t| t.dtype());
+        ts.iter().all(|t| {
+            t.device().is_cpu()
+                && Some(t.dtype()) == dtype
+                && matches!(t.dtype(), candle_core::DType::F32 | candle_core::DType::F64)
+                && t.is_contiguous()
+        })
+    }
+
+    fn slice<'a, T>(d: &'a [T], l: &Layout) -> candle_core::Result<&'a [T]> {
+        match l.contiguous_offsets() {
+            Some((a, b)) => Ok(&d[a..b]),
+            None => candle_core::bail!("adamw: tensors must be contiguous"),
+        }
+    }
+
+    fn slice_mut<'a, T>(d: &'a mut [T], l: &Layout) -> candle_core::Result<&'a mut [T]> {
+        match l.contiguous_offsets() {
+            Some((a, b)) => Ok(&mut d[a..b]),
+            None => candle_core::bail!("adamw: tensors must be contiguous"),
+        }
+    }
+
+    /// `Σ g²` in f64 for a CPU tensor the kernels take; `None` for others.
+    pub(super) fn sum_of_squares(g: &Tensor) -> candle_core::Result<Option<f64>> {
+        if !takes(&[g]) {
+            return Ok(None);
+        }
+        fn run<T: Real>(d: &[T]) -> f64 {
+            let partials: Vec<f64> = d
+                .par_chunks(BLOCK)
+                .map(|c| c.iter().map(|&x| x.to_f64() * x.to_f64()).sum::<f64>())
+                .collect();
+            partials.iter().sum()
+        }
+        let (s, l) = g.storage_and_layout();
+        Ok(match &*s {
+            Storage::Cpu(CpuStorage::F32(d)) => Some(run(slice(d, l)?)),
+            Storage::Cpu(CpuStorage::F64(d)) => Some(run(slice(d, l)?)),
+            _ => None,
+        })
+    }
+
+    /// A moment, in place: `m ← m·β + (c·g)·(1 − β)` (first) or `v ← v·β + (c·g)²·(1 − β)`
+    /// (second, `square`), with `c` the clipping factor (1: none).
+    pub(super) struct Moment {
+        pub beta: f64,
+        pub clip: f64,
+        pub square: bool,
+    }
+
+    impl Moment {
+        fn run<T: Real>(&self, m: &mut [T], g: &[T]) -> candle_core::Result<()> {
+            if m.len() != g.len() {
+                candle_core::bail!("adamw: moment of {} for a gradient of {}", m.len(), g.len());
+            }
+            let (beta, rest) = (T::from_f64(self.beta), T::from_f64(1.0 - self.beta));
+            let clip = (self.clip != 1.0).then(|| T::from_f64(self.clip));
+            m.par_chunks_mut(BLOCK)
+                .zip(g.par_chunks(BLOCK))
+                .for_each(|(m, g)| {
+                    for (m, &g) in m.iter_mut().zip(g) {
+                        let g = clip.map_or(g, |c| g * c);
+                        let g = if self.square { g * g } else { g };
+                        *m = *m * beta + g * rest;
+                    }
+                });
+            Ok(())
+        }
+    }
+
+    impl candle_core::InplaceOp2 for Moment {
+        fn name(&self) -> &'static str {
+            "rollflash-adamw-moment"
+        }
+
+        fn cpu_fwd(
+            &self,
+            s1: &mut CpuStorage,
+            l1: &Layout,
+            s2: &CpuStorage,
+            l2: &Layout,
+        ) -> candle_core::Result<()> {
+            match (s1, s2) {
+                (CpuStorage::F32(m), CpuStorage::F32(g)) => {
+                    self.run(slice_mut(m, l1)?, slice(g, l2)?)
+                }
+                (CpuStorage::F64(m), CpuStorage::F64(g)) => {
+                    self.run(slice_mut(m, l1)?, slice(g, l2)?)
+                }
+                _ => candle_core::bail!("adamw: f32 or f64 tensors of one dtype"),
+            }
+        }
+    }
+
+    /// The parameter, in place, from the updated moments:
+    /// `w ← w·(1 − lr·decay) − (m·(1/bc1)) / (sqrt(v·(1/bc2)) + eps)·lr`.
+    pub(super) struct Update {
+        pub lr: f64,
+        pub decay: f64,
+        pub eps: f64,
+        pub bc1: f64,
+        pub bc2: f64,
+    }
+
+    impl Update {
+        fn run<T: Real>(&self, w: &mut [T], m: &[T], v: &[T]) -> candle_core::Result<()> {
+            if w.len() != m.len() || w.len() != v.len() {
+                candle_core::bail!(
+                    "adamw: parameter of {} with moments of {}",
+                    w.len(),
+                    m.len()
+                );
+            }
+            let keep = T::from_f64(1.0 - self.lr * self.decay);
+            let (ic1, ic2) = (T::from_f64(1.0 / self.bc1), T::from_f64(1.0 / self.bc2));
+            let (eps, lr) = (T::from_f64(self.eps), T::from_f64(self.lr));
+            w.par_chunks_mut(BLOCK)
+                .zip(m.par_chunks(BLOCK).zip(v.par_chunks(BLOCK)))
+                .for_each(|(w, (m, v))| {
+                    for ((w, &m), &v) in w.iter_mut().zip(m).zip(v) {
+                        let update = (m * ic1) / ((v * ic2).sqrt() + eps);
+                        *w = *w * keep - update * lr;
+                    }
+                });
+            Ok(())
+        }
+    }
+
+    impl candle_core::InplaceOp3 for Update {
+        fn name(&self) -> &'static str {
+            "rollflash-adamw-update"
+        }
+
+        fn cpu_fwd(
+            &self,
+            s1: &mut CpuStorage,
+            l1: &Layout,
+            s2: &CpuStorage,
+            l2: &Layout,
+            s3: &CpuStorage,
+            l3: &Layout,
+        ) -> candle_core::Result<()> {
+            match (s1, s2, s3) {
+                (CpuStorage::F32(w), CpuStorage::F32(m), CpuStorage::F32(v)) => {
+                    self.run(slice_mut(w, l1)?, slice(m, l2)?, slice(v, l3)?)
+                }
+                (CpuStorage::F64(w), CpuStorage::F64(m), CpuStorage::F64(v)) => {
+                    self.run(slice_mut(w, l1)?, slice(m, l2)?, slice(v, l3)?)
+                }
+                _ => candle_core::bail!("adamw: f32 or f64 tensors of one dtype"),
+            }
+        }
     }
 }

@@ -298,7 +298,7 @@ impl Checkpointer {
             rollflash_model::lora::save_peft(tmp, adapters, &base.to_string_lossy())
                 .map_err(model)?;
         }
-        let (_, moments) = learner.optimizer().state();
+        let (_, moments) = learner.optimizer().state().map_err(model)?;
         moments
             .save_safetensors(&tmp.join(OPTIMIZER))
             .map_err(model)?;

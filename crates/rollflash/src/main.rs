@@ -85,6 +85,15 @@ fn main() -> std::result::Result<(), ErrorReport> {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
+    // candle 0.11 asks for its matmul thread count on every matmul, and unless
+    // RAYON_NUM_THREADS is set it re-reads and parses /proc/cpuinfo each time (its probe caches
+    // nothing when it finds no preferred CPUs): ~110 reads per training step of the default
+    // model, a few percent of the step. rayon's own default is this same count, so no pool
+    // changes size; our engines and trainer run in explicit pools of their own anyway.
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::env::set_var("RAYON_NUM_THREADS", cpus.to_string());
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
