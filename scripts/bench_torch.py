@@ -277,6 +277,12 @@ def load_model(args) -> tuple[CausalLM, str]:
     return m, str(d)
 
 
+def sync(args) -> None:
+    """Waits for the device's queued work, so wall-clock times measure it (a no-op on the CPU)."""
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def bench_decode(m: CausalLM, args) -> None:
     cfg = m.cfg
     vocab = cfg.vocab_size
@@ -286,13 +292,14 @@ def bench_decode(m: CausalLM, args) -> None:
         prompts = torch.tensor(
             [[(i * 31 + j * 7) % (vocab - 1) + 1 for j in range(args.prompt_len)] for i in range(b)],
             dtype=torch.long,
+            device=args.device,
         )
-        gen = torch.Generator().manual_seed(b)
+        gen = torch.Generator(device=args.device).manual_seed(b)
         with torch.inference_mode():
             caches = [
                 (
-                    torch.empty(b, cfg.num_key_value_heads, total_len, cfg.head_dim),
-                    torch.empty(b, cfg.num_key_value_heads, total_len, cfg.head_dim),
+                    torch.empty(b, cfg.num_key_value_heads, total_len, cfg.head_dim, device=args.device, dtype=args.torch_dtype),
+                    torch.empty(b, cfg.num_key_value_heads, total_len, cfg.head_dim, device=args.device, dtype=args.torch_dtype),
                 )
                 for _ in range(cfg.num_hidden_layers)
             ]
@@ -301,8 +308,10 @@ def bench_decode(m: CausalLM, args) -> None:
                 probs = torch.softmax(logits[:, -1].float() / args.temperature, dim=-1)
                 return torch.multinomial(probs, 1, generator=gen)
 
+            sync(args)
             t0 = time.perf_counter()
             tok = sample(m(prompts, caches, 0, last_only=True))
+            sync(args)
             prefill = time.perf_counter() - t0
             decoded = 0
             t1 = time.perf_counter()
@@ -311,6 +320,7 @@ def bench_decode(m: CausalLM, args) -> None:
                 tok = sample(m(tok, caches, pos))
                 pos += 1
                 decoded += b
+            sync(args)
             dt = time.perf_counter() - t1
         tps = decoded / dt if dt > 0 else float("nan")
         if base is None:
@@ -327,6 +337,7 @@ def bench_train(m: CausalLM, args) -> None:
     seqs = torch.tensor(
         [[(i * 13 + j * 5) % (vocab - 1) + 1 for j in range(args.train_len)] for i in range(args.train_seqs)],
         dtype=torch.long,
+        device=args.device,
     )
     decay = [p for p in m.parameters() if p.dim() >= 2]
     no_decay = [p for p in m.parameters() if p.dim() < 2]
@@ -354,9 +365,11 @@ def bench_train(m: CausalLM, args) -> None:
         opt.step()
 
     step()
+    sync(args)
     t0 = time.perf_counter()
     for _ in range(args.train_steps):
         step()
+    sync(args)
     dt = (time.perf_counter() - t0) / max(args.train_steps, 1)
     toks = args.train_seqs * args.train_len
     print(
@@ -381,20 +394,24 @@ def main() -> None:
                    help="skip the (unused) per-token entropies in the training step")
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-decode", action="store_true")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (scripts/device_check.sh)")
+    p.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     args = p.parse_args()
+    args.torch_dtype = torch.float32 if args.dtype == "f32" else torch.bfloat16
     args.batch = [int(x) for x in args.batch.split(",") if x]
     if args.new_tokens < 1 or args.prompt_len < 1:
         raise SystemExit("bench_torch.py: --new-tokens and --prompt-len must be at least 1")
 
     torch.set_num_threads(args.threads)
     m, name = load_model(args)
+    m = m.to(device=args.device, dtype=args.torch_dtype)
     m.eval()
     cfg = m.cfg
     if args.prompt_len + args.new_tokens > cfg.max_position_embeddings:
         raise SystemExit("bench_torch.py: prompt + new tokens exceed max_position_embeddings")
     print(
         f"model: {name} ({cfg.arch}, {cfg.num_parameters() / 1e6:.1f} M params), threads: {args.threads} "
-        f"[torch {torch.__version__}]",
+        f"[torch {torch.__version__}, {args.device}, {args.dtype}]",
         flush=True,
     )
     if not args.skip_decode:

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use rollflash_core::{PolicyVersion, RequestId};
 use rollflash_model::config::ModelConfig;
@@ -48,6 +48,14 @@ pub struct BenchArgs {
     /// Skip the decode measurements (training only).
     #[arg(long)]
     no_decode: bool,
+    /// Before training, write the training forward's per-token log-probs of the training
+    /// sequences (a JSON array) to this file: `scripts/device_check.sh` compares a GPU's
+    /// with the CPU's.
+    #[arg(long)]
+    logprobs_out: Option<std::path::PathBuf>,
+    /// With `--logprobs-out`: write them and stop (no training steps).
+    #[arg(long, requires = "logprobs_out")]
+    logprobs_only: bool,
     #[command(flatten)]
     placement: super::PlacementArgs,
 }
@@ -157,6 +165,24 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .collect();
     let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
     let pool = crate::thread_pool(a.threads)?;
+    if let Some(path) = &a.logprobs_out {
+        let lp = pool.install(|| token_stats(trainable.model(), &refs, 1.0, false))?;
+        let values: Vec<f32> = lp
+            .logprobs
+            .to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1()?;
+        std::fs::write(path, serde_json::to_string(&values)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!(
+            "log-probs of {} tokens written to {}",
+            values.len(),
+            path.display()
+        );
+        if a.logprobs_only {
+            return Ok(());
+        }
+    }
     let mut step = || -> Result<()> {
         pool.install(|| -> Result<()> {
             let s = token_stats(trainable.model(), &refs, 1.0, false)?;
