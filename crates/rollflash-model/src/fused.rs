@@ -86,9 +86,25 @@ impl Real for f64 {
     }
 }
 
-fn contiguous<'a, T>(data: &'a [T], layout: &Layout, what: &str) -> candle_core::Result<&'a [T]> {
+pub(crate) fn contiguous<'a, T>(
+    data: &'a [T],
+    layout: &Layout,
+    what: &str,
+) -> candle_core::Result<&'a [T]> {
     match layout.contiguous_offsets() {
         Some((a, b)) => Ok(&data[a..b]),
+        None => candle_core::bail!("{what}: input must be contiguous"),
+    }
+}
+
+/// [`contiguous`] for a tensor an in-place op writes.
+pub(crate) fn contiguous_mut<'a, T>(
+    data: &'a mut [T],
+    layout: &Layout,
+    what: &str,
+) -> candle_core::Result<&'a mut [T]> {
+    match layout.contiguous_offsets() {
+        Some((a, b)) => Ok(&mut data[a..b]),
         None => candle_core::bail!("{what}: input must be contiguous"),
     }
 }

@@ -29,11 +29,11 @@ pub(crate) struct LoraLinear {
     pub(crate) dropout: Option<(f64, u64)>,
 }
 
-fn cpu(t: &Tensor, what: &str) -> candle_core::Result<Tensor> {
+fn cpu<'a>(t: &'a Tensor, what: &str) -> candle_core::Result<&'a Tensor> {
     if !t.device().is_cpu() {
         candle_core::bail!("lora_linear: {what} is not on the CPU");
     }
-    Ok(t.clone())
+    Ok(t)
 }
 
 /// `(y + b) + (delta·scale + 0)`, element by element: exactly the composed ops'
@@ -131,8 +131,7 @@ impl CustomOp3 for LoraLinear {
         let Some((x0, x1)) = xl.contiguous_offsets() else {
             candle_core::bail!("lora_linear: x must be contiguous");
         };
-        let w = cpu(&self.w, "the weight")?;
-        let (ws, wl) = w.storage_and_layout();
+        let (ws, wl) = cpu(&self.w, "the weight")?.storage_and_layout();
         let candle_core::Storage::Cpu(ws) = &*ws else {
             candle_core::bail!("lora_linear: the weight is not on the CPU");
         };

@@ -519,17 +519,11 @@ mod cpu_kernel {
     }
 
     fn slice<'a, T>(d: &'a [T], l: &Layout) -> candle_core::Result<&'a [T]> {
-        match l.contiguous_offsets() {
-            Some((a, b)) => Ok(&d[a..b]),
-            None => candle_core::bail!("adamw: tensors must be contiguous"),
-        }
+        crate::fused::contiguous(d, l, "adamw")
     }
 
     fn slice_mut<'a, T>(d: &'a mut [T], l: &Layout) -> candle_core::Result<&'a mut [T]> {
-        match l.contiguous_offsets() {
-            Some((a, b)) => Ok(&mut d[a..b]),
-            None => candle_core::bail!("adamw: tensors must be contiguous"),
-        }
+        crate::fused::contiguous_mut(d, l, "adamw")
     }
 
     /// `Σ g²` in f64 for a CPU tensor the kernels take; `None` for others.

@@ -452,7 +452,7 @@ async fn soak_short_has_no_errors_and_flat_memory() {
         }
         return;
     }
-    let out = tokio::process::Command::new(std::env::current_exe().unwrap())
+    let child = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "serve_faults::soak_short_has_no_errors_and_flat_memory",
             "--exact",
@@ -461,8 +461,12 @@ async fn soak_short_has_no_errors_and_flat_memory() {
         ])
         .env(SOAK_CHILD, "1")
         .stdin(std::process::Stdio::null())
-        .output()
+        .kill_on_drop(true)
+        .output();
+    // A 15 s soak; a child that hangs is killed at the deadline, not waited on forever.
+    let out = tokio::time::timeout(Duration::from_secs(300), child)
         .await
+        .expect("the soak process ended within 300 s")
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
