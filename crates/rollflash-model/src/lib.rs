@@ -46,6 +46,7 @@
 
 pub mod chat;
 pub mod config;
+mod decode_attention;
 pub mod engine;
 mod error;
 mod fused;

@@ -10,6 +10,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::config::ModelConfig;
+use crate::decode_attention::{decode_attention, Heads, Member};
 use crate::fused::{CausalMask, CausalSoftmax, FromHeadsFirst, PadMap, ToHeadsFirst};
 use crate::lora::{self, Adapters, PROJECTIONS};
 use crate::ops;
@@ -666,6 +667,42 @@ impl Transformer {
                 row += t;
             }
         }
+        if ops::on_cpu_kernels(q) && !buckets.is_empty() {
+            // Every decode chunk in one kernel that reads the caches in place (no stacked copy
+            // of the batch's caches, no mask, no work on the unused capacity).
+            let members: Vec<usize> = buckets.into_values().flatten().collect();
+            let bufs = members
+                .iter()
+                .map(|&ci| caches[ci].buffers(li))
+                .collect::<Result<Vec<_>>>()?;
+            let views: Vec<Member<'_>> = members
+                .iter()
+                .zip(&bufs)
+                .map(|(&ci, (k, v))| Member {
+                    k,
+                    v,
+                    // The appended token is not yet counted in `len` (that happens after the
+                    // last layer), so this sequence sees keys 0 ..= len.
+                    seen: caches[ci].len() + 1,
+                })
+                .collect();
+            let rows: Vec<usize> = members.iter().map(|&ci| spans[ci].0).collect();
+            let heads = Heads {
+                kv_heads: nkv,
+                rep,
+                head_dim: hd,
+            };
+            if let Some(out) = decode_attention(&q.contiguous()?, &rows, &views, heads, scale)? {
+                pieces.push(out);
+                for (j, &ci) in members.iter().enumerate() {
+                    perm[spans[ci].0] = (row + j) as u32;
+                }
+                return self.unpermute(pieces, perm, n);
+            }
+            return Err(ModelError::InvalidRequest(
+                "decode attention: the query and the caches differ in dtype".into(),
+            ));
+        }
         for (cap, members) in buckets {
             let b = members.len();
             let rows: Vec<u32> = members.iter().map(|&ci| spans[ci].0 as u32).collect();
@@ -695,6 +732,12 @@ impl Transformer {
             }
             row += b;
         }
+        self.unpermute(pieces, perm, n)
+    }
+
+    /// The attention outputs of [`Self::attend_cached`]'s pieces, concatenated and put back in
+    /// packed order (`perm[i]`: the concatenated row of packed row `i`).
+    fn unpermute(&self, mut pieces: Vec<Tensor>, perm: Vec<u32>, n: usize) -> Result<Tensor> {
         let all = if pieces.len() == 1 {
             pieces
                 .pop()
