@@ -11,7 +11,10 @@ Measurements (see crates/rollflash/src/bench.rs for ours):
   * decode, for each batch size B: B requests with the same prompt length and `new_tokens`
     tokens each, sampled at temperature 1 from the full softmax. The first step (prefill of every
     prompt + sampling of each request's first token) is timed separately; tokens/s counts the
-    B * (new_tokens - 1) tokens of the following one-token steps, exactly as ours does. Ours
+    B * (new_tokens - 1) tokens of the following one-token steps, exactly as ours does. Then
+    prefill alone (the B prompts and one sampled token each) is repeated on fresh caches until
+    it has run 0.5 s (at least 3 runs), as ours repeats it on the same engine: one prefill of
+    the default model takes about a millisecond, too short to time once. Ours
     batches continuously; here the batch is static, which for equal-length requests is the same
     schedule.
   * a training step: forward over train_seqs x train_len tokens, per-token log-probs of the next
