@@ -277,6 +277,13 @@ def load_model(args) -> tuple[CausalLM, str]:
     return m, str(d)
 
 
+# Timing of the repeated prefill: at least this many runs, then more until this much time was
+# spent in them, at most the maximum (the same rule as `rollflash bench-engine`'s).
+PREFILL_MIN_RUNS = 3
+PREFILL_SECS = 0.5
+PREFILL_MAX_RUNS = 2000
+
+
 def sync(args) -> None:
     """Waits for the device's queued work, so wall-clock times measure it (a no-op on the CPU)."""
     if args.device.startswith("cuda"):
@@ -328,6 +335,29 @@ def bench_decode(m: CausalLM, args) -> None:
         print(
             f"decode batch {b:>3}: {tps:>9.1f} tok/s ({tps / base:.1f}x batch {args.batch[0]}), "
             f"prefill {b * args.prompt_len} tok in {prefill:.3f} s",
+            flush=True,
+        )
+        # Prefill alone, repeated on fresh caches until it has run for PREFILL_SECS (the rule of
+        # `rollflash bench-engine`): one prefill of a tiny model takes about a millisecond.
+        runs, spent = 0, 0.0
+        while runs < PREFILL_MIN_RUNS or (spent < PREFILL_SECS and runs < PREFILL_MAX_RUNS):
+            with torch.inference_mode():
+                caches = [
+                    (
+                        torch.empty(b, cfg.num_key_value_heads, total_len, cfg.head_dim, device=args.device, dtype=args.torch_dtype),
+                        torch.empty(b, cfg.num_key_value_heads, total_len, cfg.head_dim, device=args.device, dtype=args.torch_dtype),
+                    )
+                    for _ in range(cfg.num_hidden_layers)
+                ]
+                sync(args)
+                t0 = time.perf_counter()
+                sample(m(prompts, caches, 0, last_only=True))
+                sync(args)
+                spent += time.perf_counter() - t0
+            runs += 1
+        print(
+            f"prefill batch {b:>3}: {runs * b * args.prompt_len / spent:>9.1f} tok/s "
+            f"over {runs} runs of {b * args.prompt_len} tokens",
             flush=True,
         )
 

@@ -1,5 +1,5 @@
-//! `rollflash bench-engine`: decode throughput at several batch sizes and training throughput,
-//! for the built-in default model or a Hugging Face directory.
+//! `rollflash bench-engine`: decode and prefill throughput at several batch sizes and training
+//! throughput, for the built-in default model or a Hugging Face directory.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,6 +16,12 @@ use rollflash_model::train::{
     token_stats, AdamW, GradAccumulator, OptimizerConfig, TrainableModel,
 };
 use rollflash_model::weights::Weights;
+
+/// Timing of the repeated prefill: at least this many runs, then more until this much time
+/// was spent in them, at most the maximum (the same rule as `scripts/bench_torch.py`'s).
+const PREFILL_MIN_RUNS: usize = 3;
+const PREFILL_SECS: f64 = 0.5;
+const PREFILL_MAX_RUNS: usize = 2000;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -86,9 +92,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         &cfg, &weights, dtype, &device,
     )?);
     let vocab = cfg.vocab_size as u32;
-    let mut base = None;
-    let batches: &[usize] = if a.no_decode { &[] } else { &a.batch };
-    for &b in batches {
+    // An engine holding `b` requests of `new_tokens` each, not yet stepped.
+    let engine = |b: usize, new_tokens: usize| -> Result<Engine> {
         let mut e = Engine::new(
             Arc::clone(&model),
             PolicyVersion(0),
@@ -105,13 +110,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     .map(|j| ((i * 31 + j * 7) as u32 % (vocab - 1)) + 1)
                     .collect(),
                 params: SamplingParams {
-                    max_new_tokens: a.new_tokens,
+                    max_new_tokens: new_tokens,
                     seed: Some(i as u64),
                     ..Default::default()
                 },
                 resume: None,
             })?;
         }
+        Ok(e)
+    };
+    let mut base = None;
+    let batches: &[usize] = if a.no_decode { &[] } else { &a.batch };
+    for &b in batches {
+        let mut e = engine(b, a.new_tokens)?;
         // The first step prefills every prompt; time decode steps separately.
         let t0 = Instant::now();
         let first = e.step()?;
@@ -133,6 +144,21 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!(
             "decode batch {b:>3}: {tps:>9.1} tok/s ({ratio:.1}x batch {}), prefill {} tok in {prefill:.3} s",
             a.batch[0], first.forward_tokens
+        );
+        // Prefill alone, repeated on fresh engines until it has run for PREFILL_SECS: one
+        // prefill of a tiny model takes about a millisecond, too short to time once.
+        let (mut runs, mut spent, mut tokens) = (0usize, 0f64, 0usize);
+        while runs < PREFILL_MIN_RUNS || (spent < PREFILL_SECS && runs < PREFILL_MAX_RUNS) {
+            let mut e = engine(b, 1)?;
+            let t = Instant::now();
+            tokens += e.step()?.forward_tokens;
+            spent += t.elapsed().as_secs_f64();
+            runs += 1;
+        }
+        println!(
+            "prefill batch {b:>3}: {:>9.1} tok/s over {runs} runs of {} tokens",
+            tokens as f64 / spent,
+            tokens / runs
         );
     }
 

@@ -12,6 +12,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -150,6 +151,17 @@ impl Env for OneStep {
 struct DiskLearner {
     checkpoint: PathBuf,
     trained: Arc<Mutex<Vec<(u64, usize)>>>,
+    hold: Option<Hold>,
+}
+
+/// Holds the learner inside one step until the test releases it. The controller syncs
+/// weights only after a step, so while the learner is held no pause can start: a server
+/// killed then has its requests running, not already preempted by an abort-mode pause.
+struct Hold {
+    /// The policy version whose step is held.
+    at: PolicyVersion,
+    entered: Arc<AtomicBool>,
+    release: Mutex<std::sync::mpsc::Receiver<()>>,
 }
 
 impl Learner for DiskLearner {
@@ -157,6 +169,15 @@ impl Learner for DiskLearner {
         &mut self,
         batch: &Batch<Trajectory>,
     ) -> Result<(WeightUpdate, StepStats), LearnerError> {
+        if self.hold.as_ref().is_some_and(|h| h.at == batch.version) {
+            let hold = self.hold.take().unwrap();
+            hold.entered.store(true, Ordering::SeqCst);
+            hold.release
+                .lock()
+                .unwrap()
+                .recv_timeout(PATIENCE)
+                .expect("the test never released the learner");
+        }
         let mut trained = self.trained.lock().unwrap();
         for g in &batch.groups {
             for (t, _) in &g.samples {
@@ -247,6 +268,8 @@ async fn a_server_killed_mid_run_and_restarted_loses_nothing_and_rejoins() {
         vrx,
     );
     let trained = Arc::new(Mutex::new(Vec::new()));
+    let entered = Arc::new(AtomicBool::new(false));
+    let (release_learner, release) = std::sync::mpsc::channel();
     let steps = 10;
     let ctl = AsyncController::new(
         ControllerConfig {
@@ -269,19 +292,26 @@ async fn a_server_killed_mid_run_and_restarted_loses_nothing_and_rejoins() {
         DiskLearner {
             checkpoint: ckpt.clone(),
             trained: Arc::clone(&trained),
+            hold: Some(Hold {
+                at: PolicyVersion(1),
+                entered: Arc::clone(&entered),
+                release: Mutex::new(release),
+            }),
         },
     )
     .unwrap();
     let run = tokio::spawn(ctl.run());
 
-    // Kill `a` while it has requests in flight, after the first publication.
-    until_metrics(&h, "a runs requests at version >= 1", |m| {
-        m.backends[0].1 >= 2 && m.counters.completed > 40
+    // Kill `a` while it has requests in flight, after the first publication, with the
+    // learner held so that no weight sync pauses (and preempts) them first.
+    until_metrics(&h, "a runs requests while step 2 trains", |m| {
+        entered.load(Ordering::SeqCst) && m.backends[0].1 >= 2 && m.paused.is_none()
     })
     .await;
     let port = a.port;
     drop(a);
     until_metrics(&h, "a leaves rotation", |m| !m.backends[0].2).await;
+    release_learner.send(()).unwrap();
     // Restarted on the same port, with its initial weights (version 0).
     let a = Serve::start(&root, port).await;
     assert_eq!(a.port, port);
