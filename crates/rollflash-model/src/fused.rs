@@ -1,5 +1,6 @@
 //! Fused CPU kernels with hand-written backward passes: RMSNorm, rotary embedding, SwiGLU, the
-//! training softmax, attention's scale + causal mask + softmax, and the log-prob/entropy of the
+//! training softmax, causal attention for training (scores, mask, softmax and values in one op
+//! that recomputes the probabilities in its backward pass), and the log-prob/entropy of the
 //! logits.
 //!
 //! Each is one pass over memory forward and one backward, where the composed candle ops are
@@ -742,10 +743,15 @@ fn causal_softmax_row<T: Real>(y: &mut [T], scale: T) {
 /// A read-only strided matrix for [`matmul_into`]: element `(i, j)` is `data[i * rs + j * cs]`.
 #[derive(Clone, Copy)]
 struct MatRef<'a, T> {
+    /// The elements, from `(0, 0)`.
     data: &'a [T],
+    /// Rows.
     rows: usize,
+    /// Columns.
     cols: usize,
+    /// Distance between rows.
     rs: usize,
+    /// Distance between columns.
     cs: usize,
 }
 
@@ -873,6 +879,7 @@ struct AttnDims {
 }
 
 impl AttnDims {
+    /// The sizes of `q`, `k`, `v` under `mask`, after checking that they fit together.
     fn of(
         q: &Layout,
         k: &Layout,
@@ -923,8 +930,11 @@ struct HeadIn<'a, T> {
     row0: usize,
     /// Rows in all (for the mask).
     rows: usize,
+    /// The head's queries, `[queries, hd]`.
     q: &'a [T],
+    /// Its kv head's keys, `[keys, hd]`.
     k: &'a [T],
+    /// Its kv head's values, `[keys, hd]`.
     v: &'a [T],
 }
 
@@ -1119,6 +1129,7 @@ struct FusedAttentionBwd {
 }
 
 impl FusedAttentionBwd {
+    /// `[dq | dk | dv]`, flat.
     fn run<T: Real>(
         &self,
         d: &AttnDims,
