@@ -1,5 +1,6 @@
 //! Fused CPU kernels with hand-written backward passes: RMSNorm, rotary embedding, SwiGLU, the
-//! training softmax, attention's scale + causal mask + softmax, and the log-prob/entropy of the
+//! training softmax, causal attention for training (scores, mask, softmax and values in one op
+//! that recomputes the probabilities in its backward pass), and the log-prob/entropy of the
 //! logits.
 //!
 //! Each is one pass over memory forward and one backward, where the composed candle ops are
@@ -683,11 +684,12 @@ impl CustomOp2 for SoftmaxBwd {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention: score scaling, causal mask and softmax in one kernel
+// Attention: scores, scale, causal mask, softmax and the weighted sum of values in one kernel
 
-/// Which keys each row of a block of attention scores `[batch, groups, rows, keys]` may see.
-/// Rows are queries repeated per head: row `r` is query `r % queries`. Query `i` of batch
-/// element `b` sees keys `0 ..= min(past + i, lens[b] − 1)` — causal, and never a pad key.
+/// Which keys each query row of attention may see, for `q [batch, groups, rows, hd]` against
+/// `k [batch, groups, keys, hd]` (any leading dimensions; rows split evenly among the batch
+/// elements). Rows are queries repeated per head: row `r` is query `r % queries`. Query `i` of
+/// batch element `b` sees keys `0 ..= min(past + i, lens[b] − 1)` — causal, and never a pad key.
 #[derive(Debug, Clone)]
 pub(crate) struct CausalMask {
     /// Queries per head (the rows of a head are `queries` consecutive rows).
@@ -714,126 +716,346 @@ impl CausalMask {
     }
 }
 
-/// `softmax(scale · s + mask)` over the last dimension of raw attention scores `s = q·kᵀ`, with
-/// the mask of [`CausalMask`]: one pass instead of a scaling pass, a mask-add pass and the
-/// softmax, and one node of the backward graph instead of five (each of which candle's backward
-/// pays a zeroed gradient buffer and an add for). For training only: the arithmetic is that of
-/// the composed training ops, bit for bit — the product `s · scale` in `T` (candle's `affine`),
-/// the hidden keys `−∞` (their `exp` is 0 and adds nothing to the sum), then
-/// [`SoftmaxLastDim`]'s; inference keeps candle's softmax kernel, whose sum runs in SIMD lanes
-/// (the two agree to rounding, which the engine-vs-training tests bound). Backward:
-/// `scale · y ⊙ (g − Σ g ⊙ y)` over the visible keys ([`CausalSoftmaxBwd`]).
+/// `softmax(scale · s)` of one row's visible raw scores, in place: the composed training ops'
+/// arithmetic, step for step — the product `s · scale` in `T` (candle's `affine`), the max, the
+/// `exp` of the shifted entries, their sum in `T` left to right, the division ([`SoftmaxLastDim`]).
+/// The hidden keys are left out, as the `−∞` of the composed mask adds nothing to the sum.
+fn causal_softmax_row<T: Real>(y: &mut [T], scale: T) {
+    for y in y.iter_mut() {
+        *y *= scale;
+    }
+    let Some((&first, rest)) = y.split_first() else {
+        return;
+    };
+    let mut max = first;
+    for &e in rest {
+        max = max.larger(e);
+    }
+    for y in y.iter_mut() {
+        *y = (*y - max).exp();
+    }
+    let sum: T = y.iter().copied().sum();
+    for y in y.iter_mut() {
+        *y /= sum;
+    }
+}
+
+/// A read-only strided matrix for [`matmul_into`]: element `(i, j)` is `data[i * rs + j * cs]`.
+#[derive(Clone, Copy)]
+struct MatRef<'a, T> {
+    /// The elements, from `(0, 0)`.
+    data: &'a [T],
+    /// Rows.
+    rows: usize,
+    /// Columns.
+    cols: usize,
+    /// Distance between rows.
+    rs: usize,
+    /// Distance between columns.
+    cs: usize,
+}
+
+impl<T> MatRef<'_, T> {
+    /// Whether every element lies inside `data`.
+    fn fits(&self) -> bool {
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `dst = lhs · rhs`, or `dst += lhs · rhs` with `accumulate`, where `dst` is row-major with
+/// rows `dst_rs` apart: the `gemm` crate (candle's own CPU matmul engine) on the calling thread.
+/// The attention kernel's products are small (a block of query rows against one head's keys)
+/// and run inside rayon tasks already, so one more level of threads would only add overhead.
+/// The one `unsafe` of the kernels, behind bounds checks: `gemm` takes raw pointers.
+#[allow(unsafe_code)]
+fn matmul_into<T: Real>(
+    dst: &mut [T],
+    dst_rs: usize,
+    lhs: MatRef<'_, T>,
+    rhs: MatRef<'_, T>,
+    accumulate: bool,
+) -> candle_core::Result<()> {
+    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    let dst_fits = m == 0 || n == 0 || (dst_rs >= n && (m - 1) * dst_rs + n <= dst.len());
+    if rhs.rows != k || !lhs.fits() || !rhs.fits() || !dst_fits {
+        candle_core::bail!(
+            "attention: a {m}×{k} by {}×{n} product out of bounds",
+            rhs.rows
+        );
+    }
+    if m == 0 || n == 0 || k == 0 {
+        if !accumulate {
+            for row in dst.chunks_mut(dst_rs.max(1)).take(m) {
+                row[..n].fill(T::zero());
+            }
+        }
+        return Ok(());
+    }
+    let stride = |s: usize| -> candle_core::Result<isize> {
+        isize::try_from(s).map_err(|_| candle_core::Error::Msg("attention: stride overflow".into()))
+    };
+    let (dst_rs, lhs_rs, lhs_cs, rhs_rs, rhs_cs) = (
+        stride(dst_rs)?,
+        stride(lhs.rs)?,
+        stride(lhs.cs)?,
+        stride(rhs.rs)?,
+        stride(rhs.cs)?,
+    );
+    // SAFETY: the checks above put every element gemm reads (`lhs (i, p)` for i < m, p < k;
+    // `rhs (p, j)` for p < k, j < n) and writes (`dst[i * dst_rs + j]`, j < n ≤ dst_rs, so no
+    // two coincide) inside its slice; `dst` is borrowed mutably, so it aliases neither input;
+    // `Parallelism::None` runs it on this thread, within the borrows; `T` is f32 or f64
+    // ([`Real`]), types gemm implements.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs_cs,
+            lhs_rs,
+            rhs.data.as_ptr(),
+            rhs_cs,
+            rhs_rs,
+            T::unit(),
+            T::unit(),
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+    Ok(())
+}
+
+/// Query rows per block of [`FusedAttention`]'s products: a block's scores fit a small per-task
+/// scratch (`rows × keys`), and a block of a causal head needs only the keys its last row sees,
+/// so the masked upper triangle is mostly skipped (at 128 queries, 4 blocks compute 5/8 of the
+/// full score matrix).
+const ATTN_ROWS: usize = 32;
+
+/// Below this many multiply-adds of `q · kᵀ` attention runs on the calling thread.
+const ATTN_PAR_MIN: usize = 1 << 16;
+
+/// Causal attention for training, `softmax(scale · q kᵀ + mask) · v`, with the mask of
+/// [`CausalMask`], in one op over `q [.., rows, hd]` (heads first: `rows = rep · queries`, the
+/// `rep` query heads of a kv group one after the other, as [`ToHeadsFirst`] lays them out) and
+/// `k, v [.., keys, hd]` (the same leading dimensions, one kv head each). Output: `[.., rows,
+/// hd]` like `q`.
+///
+/// The composed ops (`q · kᵀ`, the masked softmax, `· v`) keep the raw scores and the
+/// probabilities — two `[rows, keys]` tensors per kv head and layer — alive until the backward
+/// pass ends; this op keeps only its inputs and output and recomputes the probabilities in the
+/// backward pass (flash-attention style; [`FusedAttentionBwd`]). Its per-row arithmetic is the
+/// composed training ops': the scores from gemm, then [`causal_softmax_row`], then gemm, so
+/// the two agree to the rounding of the products' summation order. Work is split by query head
+/// (and, in the backward pass, each kv group's heads are summed after, in head order), so
+/// results do not depend on the thread count.
 #[derive(Debug, Clone)]
-pub(crate) struct CausalSoftmax {
+pub(crate) struct FusedAttention {
     pub scale: f64,
     pub mask: CausalMask,
 }
 
-/// Runs `f(first_row, rows_out)` over blocks of `BLOCK_ROWS` rows of `v` elements of `out`, in
-/// parallel when `out` is large.
-fn for_row_blocks<T: Real>(out: &mut [T], v: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
-    let step = BLOCK_ROWS * v.max(1);
-    let work = |(bi, o): (usize, &mut [T])| f(bi * BLOCK_ROWS, o);
-    if out.len() < PAR_MIN {
-        out.chunks_mut(step).enumerate().for_each(work);
-    } else {
-        out.par_chunks_mut(step).enumerate().for_each(work);
-    }
+/// The sizes of one [`FusedAttention`] call.
+#[derive(Debug, Clone, Copy)]
+struct AttnDims {
+    /// Query heads in all (batch × kv groups × rep).
+    heads: usize,
+    /// Query heads per kv head.
+    rep: usize,
+    /// Query rows per head.
+    queries: usize,
+    /// Keys per kv head.
+    keys: usize,
+    /// Head dimension.
+    hd: usize,
 }
 
-impl CausalSoftmax {
-    fn fwd<T: Real>(&self, x: &[T], v: usize) -> Vec<T> {
-        let rows = x.len() / v.max(1);
-        let scale = T::from_f64(self.scale);
-        let mut out = vec![T::zero(); x.len()];
-        for_row_blocks(&mut out, v, |first, ys| {
-            for (r, y) in ys.chunks_mut(v).enumerate() {
-                let row = first + r;
-                let vis = self.mask.visible(row, rows, v);
-                let y = &mut y[..vis];
-                for (y, &e) in y.iter_mut().zip(&x[row * v..row * v + vis]) {
-                    *y = e * scale;
-                }
-                let mut max = y[0];
-                for &e in &y[1..] {
-                    max = max.larger(e);
-                }
-                for y in y.iter_mut() {
-                    *y = (*y - max).exp();
-                }
-                let sum: T = y.iter().copied().sum();
-                for y in y.iter_mut() {
-                    *y /= sum;
-                }
-            }
-        });
-        out
-    }
-}
-
-impl CustomOp1 for CausalSoftmax {
-    fn name(&self) -> &'static str {
-        "rollflash-causal-softmax"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let v = last_dim(l);
-        if v == 0 {
-            candle_core::bail!("causal_softmax: no keys");
+impl AttnDims {
+    /// The sizes of `q`, `k`, `v` under `mask`, after checking that they fit together.
+    fn of(
+        q: &Layout,
+        k: &Layout,
+        v: &Layout,
+        mask: &CausalMask,
+        what: &str,
+    ) -> candle_core::Result<Self> {
+        let (qd, kd) = (q.shape().dims(), k.shape().dims());
+        let n = qd.len();
+        if n < 2 || kd.len() != n || v.shape() != k.shape() || qd[..n - 2] != kd[..n - 2] {
+            candle_core::bail!(
+                "{what}: q {:?}, k {:?}, v {:?}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            );
         }
-        let what = "causal_softmax";
-        let out = match s {
-            CpuStorage::F32(x) => CpuStorage::F32(self.fwd(contiguous(x, l, what)?, v)),
-            CpuStorage::F64(x) => CpuStorage::F64(self.fwd(contiguous(x, l, what)?, v)),
-            _ => candle_core::bail!("{what}: only f32 and f64 are supported"),
-        };
-        Ok((out, l.shape().clone()))
+        let (rows, hd, keys) = (qd[n - 2], qd[n - 1], kd[n - 2]);
+        let queries = mask.queries;
+        if kd[n - 1] != hd || keys == 0 || hd == 0 || queries == 0 || rows % queries != 0 {
+            candle_core::bail!(
+                "{what}: q {:?} and k {:?} with {queries} queries per head",
+                q.shape(),
+                k.shape()
+            );
+        }
+        let groups: usize = qd[..n - 2].iter().product();
+        let rep = rows / queries;
+        Ok(Self {
+            heads: groups * rep,
+            rep,
+            queries,
+            keys,
+            hd,
+        })
     }
 
-    fn bwd(&self, _x: &Tensor, res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        let bwd = CausalSoftmaxBwd {
-            scale: self.scale,
-            mask: self.mask.clone(),
-        };
-        Ok(Some(
-            res.contiguous()?
-                .apply_op2_no_bwd(&grad.contiguous()?, &bwd)?,
-        ))
+    /// Whether the work is worth splitting over the rayon pool.
+    fn parallel(&self) -> bool {
+        self.heads * self.queries * self.keys * self.hd >= ATTN_PAR_MIN
     }
 }
 
-/// `(y, g) → scale · y ⊙ (g − Σ g ⊙ y)` over the visible keys of each row (the dot in f64), 0 on
-/// the hidden ones; the composed backward's arithmetic (the softmax's, then `affine`'s).
-struct CausalSoftmaxBwd {
-    scale: f64,
-    mask: CausalMask,
+/// One head's inputs for [`FusedAttention`]: its queries (and, backward, their output
+/// gradients), its kv head's keys and values.
+struct HeadIn<'a, T> {
+    /// Global index of the head's first row (for the mask).
+    row0: usize,
+    /// Rows in all (for the mask).
+    rows: usize,
+    /// The head's queries, `[queries, hd]`.
+    q: &'a [T],
+    /// Its kv head's keys, `[keys, hd]`.
+    k: &'a [T],
+    /// Its kv head's values, `[keys, hd]`.
+    v: &'a [T],
 }
 
-impl CausalSoftmaxBwd {
-    fn run<T: Real>(&self, y: &[T], g: &[T], v: usize) -> Vec<T> {
-        let rows = y.len() / v.max(1);
+impl FusedAttention {
+    /// The inputs of head `h`.
+    fn head<'a, T>(
+        &self,
+        d: &AttnDims,
+        h: usize,
+        q: &'a [T],
+        k: &'a [T],
+        v: &'a [T],
+    ) -> HeadIn<'a, T> {
+        let (qn, kn) = (d.queries * d.hd, d.keys * d.hd);
+        let g = h / d.rep;
+        HeadIn {
+            row0: h * d.queries,
+            rows: d.heads * d.queries,
+            q: &q[h * qn..(h + 1) * qn],
+            k: &k[g * kn..(g + 1) * kn],
+            v: &v[g * kn..(g + 1) * kn],
+        }
+    }
+
+    /// The probabilities of query rows `r0..r1` of a head into `p` (`[r1 − r0, width]`, 0 past
+    /// each row's visible keys), where `width` (returned) is the most keys any of them sees.
+    fn probs<T: Real>(
+        &self,
+        d: &AttnDims,
+        x: &HeadIn<'_, T>,
+        (r0, r1): (usize, usize),
+        p: &mut [T],
+    ) -> candle_core::Result<usize> {
+        let vis = |i: usize| self.mask.visible(x.row0 + i, x.rows, d.keys);
+        let width = (r0..r1).map(vis).max().unwrap_or(1);
+        let p = &mut p[..(r1 - r0) * width];
+        let hd = d.hd;
+        matmul_into(
+            p,
+            width,
+            MatRef {
+                data: &x.q[r0 * hd..r1 * hd],
+                rows: r1 - r0,
+                cols: hd,
+                rs: hd,
+                cs: 1,
+            },
+            // kᵀ: element (c, j) is key j's component c.
+            MatRef {
+                data: x.k,
+                rows: hd,
+                cols: width,
+                rs: 1,
+                cs: hd,
+            },
+            false,
+        )?;
         let scale = T::from_f64(self.scale);
-        let mut out = vec![T::zero(); y.len()];
-        for_row_blocks(&mut out, v, |first, os| {
-            for (r, o) in os.chunks_mut(v).enumerate() {
-                let row = first + r;
-                let vis = self.mask.visible(row, rows, v);
-                let yr = &y[row * v..row * v + vis];
-                let gr = &g[row * v..row * v + vis];
-                let dot = dot_f64(yr.iter().zip(gr).map(|(&a, &b)| a.to_f64() * b.to_f64()));
-                let dot = T::from_f64(dot);
-                for ((o, &a), &b) in o[..vis].iter_mut().zip(yr).zip(gr) {
-                    *o = a * (b - dot) * scale;
-                }
+        for (i, row) in (r0..r1).zip(p.chunks_mut(width)) {
+            let (seen, hidden) = row.split_at_mut(vis(i));
+            causal_softmax_row(seen, scale);
+            hidden.fill(T::zero());
+        }
+        Ok(width)
+    }
+
+    /// The blocks of a head's query rows, `ATTN_ROWS` at a time.
+    fn blocks(d: &AttnDims) -> impl Iterator<Item = (usize, usize)> {
+        let n = d.queries;
+        (0..n)
+            .step_by(ATTN_ROWS)
+            .map(move |r0| (r0, (r0 + ATTN_ROWS).min(n)))
+    }
+
+    fn fwd<T: Real>(&self, d: &AttnDims, q: &[T], k: &[T], v: &[T]) -> candle_core::Result<Vec<T>> {
+        let mut out = vec![T::zero(); q.len()];
+        let step = d.queries * d.hd;
+        let work = |h: usize, o: &mut [T], p: &mut Vec<T>| -> candle_core::Result<()> {
+            let x = self.head(d, h, q, k, v);
+            for (r0, r1) in Self::blocks(d) {
+                let width = self.probs(d, &x, (r0, r1), p)?;
+                matmul_into(
+                    &mut o[r0 * d.hd..r1 * d.hd],
+                    d.hd,
+                    MatRef {
+                        data: &p[..],
+                        rows: r1 - r0,
+                        cols: width,
+                        rs: width,
+                        cs: 1,
+                    },
+                    MatRef {
+                        data: x.v,
+                        rows: width,
+                        cols: d.hd,
+                        rs: d.hd,
+                        cs: 1,
+                    },
+                    false,
+                )?;
             }
-        });
-        out
+            Ok(())
+        };
+        let scratch = ATTN_ROWS * d.keys;
+        if d.parallel() {
+            out.par_chunks_mut(step)
+                .enumerate()
+                .try_for_each_init(|| vec![T::zero(); scratch], |p, (h, o)| work(h, o, p))?;
+        } else {
+            let mut p = vec![T::zero(); scratch];
+            for (h, o) in out.chunks_mut(step).enumerate() {
+                work(h, o, &mut p)?;
+            }
+        }
+        Ok(out)
     }
 }
 
-impl CustomOp2 for CausalSoftmaxBwd {
+impl CustomOp3 for FusedAttention {
     fn name(&self) -> &'static str {
-        "rollflash-causal-softmax-bwd"
+        "rollflash-fused-attention"
     }
 
     fn cpu_fwd(
@@ -842,22 +1064,309 @@ impl CustomOp2 for CausalSoftmaxBwd {
         l1: &Layout,
         s2: &CpuStorage,
         l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let v = last_dim(l1);
-        let what = "causal_softmax backward";
-        if l1.shape() != l2.shape() {
-            candle_core::bail!("{what}: y {:?} but g {:?}", l1.shape(), l2.shape());
-        }
-        let out = match (s1, s2) {
-            (CpuStorage::F32(y), CpuStorage::F32(g)) => {
-                CpuStorage::F32(self.run(contiguous(y, l1, what)?, contiguous(g, l2, what)?, v))
+        let what = "attention";
+        let d = AttnDims::of(l1, l2, l3, &self.mask, what)?;
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v)) => {
+                CpuStorage::F32(self.fwd(
+                    &d,
+                    contiguous(q, l1, what)?,
+                    contiguous(k, l2, what)?,
+                    contiguous(v, l3, what)?,
+                )?)
             }
-            (CpuStorage::F64(y), CpuStorage::F64(g)) => {
-                CpuStorage::F64(self.run(contiguous(y, l1, what)?, contiguous(g, l2, what)?, v))
+            (CpuStorage::F64(q), CpuStorage::F64(k), CpuStorage::F64(v)) => {
+                CpuStorage::F64(self.fwd(
+                    &d,
+                    contiguous(q, l1, what)?,
+                    contiguous(k, l2, what)?,
+                    contiguous(v, l3, what)?,
+                )?)
             }
             _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
         };
         Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let bwd = FusedAttentionBwd {
+            attn: self.clone(),
+            grad: grad.contiguous()?,
+        };
+        let all = q
+            .contiguous()?
+            .apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &bwd)?;
+        let (nq, nk) = (q.elem_count(), k.elem_count());
+        let dq = all.narrow(0, 0, nq)?.reshape(q.shape())?;
+        let dk = all.narrow(0, nq, nk)?.reshape(k.shape())?;
+        let dv = all.narrow(0, nq + nk, nk)?.reshape(v.shape())?;
+        Ok((Some(dq), Some(dk), Some(dv)))
+    }
+}
+
+/// The backward of [`FusedAttention`]: `(q, k, v)` with the output's gradient `dO` (held here:
+/// a custom op takes three inputs) → `[dq | dk | dv]`, flat. Per block of query rows it
+/// recomputes the probabilities `P` exactly as the forward pass did, then
+/// `dP = dO vᵀ`, `D_i = Σ_j P_ij dP_ij` (in f64), `dS = scale · P ⊙ (dP − D)` (the composed
+/// backward's arithmetic: the softmax's, then `affine`'s), `dq = dS k`, and adds `dSᵀ q` and
+/// `Pᵀ dO` to the head's key and value gradients. The `rep` heads of a kv group each get their
+/// own key/value gradient, summed in head order at the end (reproducible, and every head can
+/// run in parallel).
+struct FusedAttentionBwd {
+    attn: FusedAttention,
+    /// `dO`, contiguous, shaped like `q`.
+    grad: Tensor,
+}
+
+impl FusedAttentionBwd {
+    /// `[dq | dk | dv]`, flat.
+    fn run<T: Real>(
+        &self,
+        d: &AttnDims,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        g: &[T],
+    ) -> candle_core::Result<Vec<T>> {
+        let (nq, nk) = (q.len(), k.len());
+        let mut out = vec![T::zero(); nq + 2 * nk];
+        let (dq, rest) = out.split_at_mut(nq);
+        let (dk, dv) = rest.split_at_mut(nk);
+        if d.rep == 1 {
+            self.heads(d, (q, k, v, g), dq, dk, dv)?;
+        } else {
+            let mut dkh = vec![T::zero(); nk * d.rep];
+            let mut dvh = vec![T::zero(); nk * d.rep];
+            self.heads(d, (q, k, v, g), dq, &mut dkh, &mut dvh)?;
+            // Each kv head's gradients: the sum of its query heads', in head order.
+            let kn = d.keys * d.hd;
+            for (dst, src) in [(dk, &dkh), (dv, &dvh)] {
+                let work = |(o, s): (&mut [T], &[T])| {
+                    for part in s.chunks(kn) {
+                        for (o, &x) in o.iter_mut().zip(part) {
+                            *o += x;
+                        }
+                    }
+                };
+                if d.parallel() {
+                    dst.par_chunks_mut(kn)
+                        .zip(src.par_chunks(kn * d.rep))
+                        .for_each(work);
+                } else {
+                    dst.chunks_mut(kn)
+                        .zip(src.chunks(kn * d.rep))
+                        .for_each(work);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every query head's `dq` into `dq`, and its own key/value gradients into `dk`, `dv`
+    /// (`[heads, keys, hd]`).
+    fn heads<T: Real>(
+        &self,
+        d: &AttnDims,
+        (q, k, v, g): (&[T], &[T], &[T], &[T]),
+        dq: &mut [T],
+        dk: &mut [T],
+        dv: &mut [T],
+    ) -> candle_core::Result<()> {
+        let attn = &self.attn;
+        let (qn, kn, hd) = (d.queries * d.hd, d.keys * d.hd, d.hd);
+        let scale = T::from_f64(attn.scale);
+        let work = |h: usize,
+                    ((dq, dk), dv): ((&mut [T], &mut [T]), &mut [T]),
+                    scratch: &mut Vec<T>|
+         -> candle_core::Result<()> {
+            let x = attn.head(d, h, q, k, v);
+            let gh = &g[h * qn..(h + 1) * qn];
+            let (p, ds) = scratch.split_at_mut(ATTN_ROWS * d.keys);
+            for (r0, r1) in FusedAttention::blocks(d) {
+                let width = attn.probs(d, &x, (r0, r1), p)?;
+                let nr = r1 - r0;
+                let p = &p[..nr * width];
+                let ds = &mut ds[..nr * width];
+                let g_blk = &gh[r0 * hd..r1 * hd];
+                // dP = dO vᵀ
+                matmul_into(
+                    ds,
+                    width,
+                    MatRef {
+                        data: g_blk,
+                        rows: nr,
+                        cols: hd,
+                        rs: hd,
+                        cs: 1,
+                    },
+                    MatRef {
+                        data: x.v,
+                        rows: hd,
+                        cols: width,
+                        rs: 1,
+                        cs: hd,
+                    },
+                    false,
+                )?;
+                for (i, (pr, dr)) in (r0..r1).zip(p.chunks(width).zip(ds.chunks_mut(width))) {
+                    let vis = attn.mask.visible(x.row0 + i, x.rows, d.keys);
+                    let (pr, (dr, hidden)) = (&pr[..vis], dr.split_at_mut(vis));
+                    let dot = dot_f64(
+                        pr.iter()
+                            .zip(dr.iter())
+                            .map(|(&a, &b)| a.to_f64() * b.to_f64()),
+                    );
+                    let dot = T::from_f64(dot);
+                    for (o, &a) in dr.iter_mut().zip(pr) {
+                        *o = a * (*o - dot) * scale;
+                    }
+                    hidden.fill(T::zero());
+                }
+                let ds = &ds[..];
+                // dq = dS k
+                matmul_into(
+                    &mut dq[r0 * hd..r1 * hd],
+                    hd,
+                    MatRef {
+                        data: ds,
+                        rows: nr,
+                        cols: width,
+                        rs: width,
+                        cs: 1,
+                    },
+                    MatRef {
+                        data: x.k,
+                        rows: width,
+                        cols: hd,
+                        rs: hd,
+                        cs: 1,
+                    },
+                    false,
+                )?;
+                // dk += dSᵀ q, dv += Pᵀ dO (keys past `width` get nothing from this block).
+                let q_blk = &x.q[r0 * hd..r1 * hd];
+                matmul_into(
+                    &mut dk[..width * hd],
+                    hd,
+                    MatRef {
+                        data: ds,
+                        rows: width,
+                        cols: nr,
+                        rs: 1,
+                        cs: width,
+                    },
+                    MatRef {
+                        data: q_blk,
+                        rows: nr,
+                        cols: hd,
+                        rs: hd,
+                        cs: 1,
+                    },
+                    true,
+                )?;
+                matmul_into(
+                    &mut dv[..width * hd],
+                    hd,
+                    MatRef {
+                        data: p,
+                        rows: width,
+                        cols: nr,
+                        rs: 1,
+                        cs: width,
+                    },
+                    MatRef {
+                        data: g_blk,
+                        rows: nr,
+                        cols: hd,
+                        rs: hd,
+                        cs: 1,
+                    },
+                    true,
+                )?;
+            }
+            Ok(())
+        };
+        let scratch = 2 * ATTN_ROWS * d.keys;
+        if d.parallel() {
+            dq.par_chunks_mut(qn)
+                .zip(dk.par_chunks_mut(kn))
+                .zip(dv.par_chunks_mut(kn))
+                .enumerate()
+                .try_for_each_init(
+                    || vec![T::zero(); scratch],
+                    |s, (h, parts)| work(h, parts, s),
+                )
+        } else {
+            let mut s = vec![T::zero(); scratch];
+            dq.chunks_mut(qn)
+                .zip(dk.chunks_mut(kn))
+                .zip(dv.chunks_mut(kn))
+                .enumerate()
+                .try_for_each(|(h, parts)| work(h, parts, &mut s))
+        }
+    }
+}
+
+impl CustomOp3 for FusedAttentionBwd {
+    fn name(&self) -> &'static str {
+        "rollflash-fused-attention-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let what = "attention backward";
+        let d = AttnDims::of(l1, l2, l3, &self.attn.mask, what)?;
+        if self.grad.shape() != l1.shape() {
+            candle_core::bail!(
+                "{what}: gradient {:?} for q {:?}",
+                self.grad.shape(),
+                l1.shape()
+            );
+        }
+        let (gs, gl) = self.grad.storage_and_layout();
+        let candle_core::Storage::Cpu(gs) = &*gs else {
+            candle_core::bail!("{what}: the gradient is not on the CPU");
+        };
+        let out = match (s1, s2, s3, gs) {
+            (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v), CpuStorage::F32(g)) => {
+                CpuStorage::F32(self.run(
+                    &d,
+                    contiguous(q, l1, what)?,
+                    contiguous(k, l2, what)?,
+                    contiguous(v, l3, what)?,
+                    contiguous(g, gl, what)?,
+                )?)
+            }
+            (CpuStorage::F64(q), CpuStorage::F64(k), CpuStorage::F64(v), CpuStorage::F64(g)) => {
+                CpuStorage::F64(self.run(
+                    &d,
+                    contiguous(q, l1, what)?,
+                    contiguous(k, l2, what)?,
+                    contiguous(v, l3, what)?,
+                    contiguous(g, gl, what)?,
+                )?)
+            }
+            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
+        };
+        let n = l1.shape().elem_count() + 2 * l2.shape().elem_count();
+        Ok((out, n.into()))
     }
 }
 

@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::config::ModelConfig;
 use crate::decode_attention::{decode_attention, Heads, Member};
-use crate::fused::{CausalMask, CausalSoftmax, FromHeadsFirst, PadMap, ToHeadsFirst};
+use crate::fused::{CausalMask, FromHeadsFirst, FusedAttention, PadMap, ToHeadsFirst};
 use crate::lora::{self, Adapters, PROJECTIONS};
 use crate::ops;
 use crate::weights::Weights;
@@ -789,26 +789,30 @@ impl Transformer {
                 heads_first(k, nkv)?,
                 heads_first(v, nkv)?,
             );
-            let raw = q.matmul(&k.t()?)?;
-            // Training: scale, mask and softmax in one kernel, the arithmetic of the composed
-            // ops (inference keeps candle's softmax kernel, which sums in another order).
-            let p = if fused {
-                let scores = (raw * scale)?
+            let out = if fused {
+                // Inference: candle's softmax kernel (it sums in another order than training).
+                let scores = (q.matmul(&k.t()?)? * scale)?
                     .reshape((b, nkv, rep, t, t))?
                     .broadcast_add(&pad.mask)?
                     .reshape((b, nkv, rep * t, t))?;
-                ops::softmax_last_dim(&scores, fused)?
+                ops::softmax_last_dim(&scores, fused)?.matmul(&v)?
             } else {
-                raw.apply_op1(CausalSoftmax {
-                    scale,
-                    mask: CausalMask {
-                        queries: t,
-                        past: 0,
-                        lens: pad.lens.clone(),
+                // Training: scores, scale, mask, softmax and the values in one op, which keeps
+                // no `[t, t]` tensor for the backward pass (it recomputes them).
+                q.apply_op3(
+                    &k,
+                    &v,
+                    FusedAttention {
+                        scale,
+                        mask: CausalMask {
+                            queries: t,
+                            past: 0,
+                            lens: pad.lens.clone(),
+                        },
                     },
-                })?
+                )?
             };
-            return Ok(p.matmul(&v)?.apply_op1(FromHeadsFirst {
+            return Ok(out.apply_op1(FromHeadsFirst {
                 map: pad.map.clone(),
                 heads: nh,
                 hd,
@@ -847,21 +851,26 @@ impl Transformer {
         let scale = 1.0 / (hd as f64).sqrt();
         // Scaling q (t rows) is cheaper than scaling the scores (L columns).
         let q = (q.reshape((nkv, rep * t, hd))? * scale)?;
-        let mut scores = q.matmul(&k.t()?)?;
-        if t > 1 && !fused && ops::on_cpu_kernels(&scores) {
-            // Training: mask and softmax in one kernel (q is already scaled: the scale is 1,
-            // exact), the arithmetic of the ops below.
-            let p = scores.apply_op1(CausalSoftmax {
-                scale: 1.0,
-                mask: CausalMask {
-                    queries: t,
-                    past: l - t,
-                    lens: vec![l],
+        if t > 1 && !fused && ops::on_cpu_kernels(&q) {
+            // Training: scores, mask, softmax and the values in one op that keeps no `[t, l]`
+            // tensor for the backward pass (q is already scaled: the scale is 1, exact), the
+            // arithmetic of the ops below.
+            let out = q.apply_op3(
+                &k.contiguous()?,
+                &v.contiguous()?,
+                FusedAttention {
+                    scale: 1.0,
+                    mask: CausalMask {
+                        queries: t,
+                        past: l - t,
+                        lens: vec![l],
+                    },
                 },
-            })?;
-            let out = p.matmul(v)?.reshape((nh, t, hd))?;
+            )?;
+            let out = out.reshape((nh, t, hd))?;
             return Ok(out.transpose(0, 1)?.reshape((t, nh * hd))?);
         }
+        let mut scores = q.matmul(&k.t()?)?;
         if t > 1 {
             // The queries are the last t of the l key positions: query i sees keys 0 ..= past + i.
             let past = l - t;
@@ -892,7 +901,7 @@ struct Padding {
     scatter: Tensor,
     /// `[B, 1, 1, T, T]`: 0 where query i may see key j (j ≤ i, j real), −∞ elsewhere.
     mask: Tensor,
-    /// The real length of each sequence (the same mask for [`CausalSoftmax`]).
+    /// The real length of each sequence (the same mask for [`FusedAttention`]).
     lens: Vec<usize>,
     /// The same maps for [`ToHeadsFirst`] / [`FromHeadsFirst`].
     map: PadMap,
