@@ -769,13 +769,26 @@ impl<T> MatRef<'_, T> {
 /// The attention kernel's products are small (a block of query rows against one head's keys)
 /// and run inside rayon tasks already, so one more level of threads would only add overhead.
 /// The one `unsafe` of the kernels, behind bounds checks: `gemm` takes raw pointers.
-#[allow(unsafe_code)]
 fn matmul_into<T: Real>(
     dst: &mut [T],
     dst_rs: usize,
     lhs: MatRef<'_, T>,
     rhs: MatRef<'_, T>,
     accumulate: bool,
+) -> candle_core::Result<()> {
+    matmul_into_on(dst, dst_rs, lhs, rhs, accumulate, gemm::Parallelism::None)
+}
+
+/// [`matmul_into`] with gemm's own threading (`Parallelism::Rayon` splits the product over the
+/// current rayon pool), for products large enough to share.
+#[allow(unsafe_code)]
+fn matmul_into_on<T: Real>(
+    dst: &mut [T],
+    dst_rs: usize,
+    lhs: MatRef<'_, T>,
+    rhs: MatRef<'_, T>,
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
 ) -> candle_core::Result<()> {
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
     let dst_fits = m == 0 || n == 0 || (dst_rs >= n && (m - 1) * dst_rs + n <= dst.len());
@@ -806,8 +819,8 @@ fn matmul_into<T: Real>(
     // SAFETY: the checks above put every element gemm reads (`lhs (i, p)` for i < m, p < k;
     // `rhs (p, j)` for p < k, j < n) and writes (`dst[i * dst_rs + j]`, j < n ≤ dst_rs, so no
     // two coincide) inside its slice; `dst` is borrowed mutably, so it aliases neither input;
-    // `Parallelism::None` runs it on this thread, within the borrows; `T` is f32 or f64
-    // ([`Real`]), types gemm implements.
+    // gemm returns only when the product is done (on this thread, or on the rayon pool it
+    // joins), within the borrows; `T` is f32 or f64 ([`Real`]), types gemm implements.
     unsafe {
         gemm::gemm(
             m,
@@ -828,7 +841,7 @@ fn matmul_into<T: Real>(
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            parallelism,
         );
     }
     Ok(())
@@ -1398,25 +1411,12 @@ impl LogProbEntropy {
         let inv_t = T::from_f64(1.0 / self.temperature);
         let mut out = vec![T::zero(); self.targets.len() * LPE_COLS];
         let work = |(i, o): (usize, &mut [T])| {
-            let row = &data[i * v..(i + 1) * v];
-            let mut max = row[0];
-            for &x in &row[1..] {
-                max = max.larger(x);
-            }
-            let (mut sum, mut sum_ez) = (0f64, 0f64);
-            for &x in row {
-                let z = (x - max) * inv_t;
-                let e = z.exp();
-                sum += e.to_f64();
-                sum_ez += (e * z).to_f64();
-            }
-            let s = sum.ln();
-            let zt = ((row[self.targets[i] as usize] - max) * inv_t).to_f64();
-            // H = −Σ p (z − s) = s − Σ p z, with z measured from the max.
-            o[0] = T::from_f64(zt - s);
-            o[1] = T::from_f64(s - sum_ez / sum);
-            o[2] = max;
-            o[3] = T::from_f64(s);
+            lpe_row_stats(
+                &data[i * v..(i + 1) * v],
+                self.targets[i] as usize,
+                inv_t,
+                o,
+            );
         };
         if data.len() < PAR_MIN {
             out.chunks_mut(LPE_COLS).enumerate().for_each(work);
@@ -1468,6 +1468,38 @@ impl CustomOp1 for LogProbEntropy {
     }
 }
 
+/// One row's `[log p(target), H, max, s]` ([`LogProbEntropy`]'s columns) from its logits.
+fn lpe_row_stats<T: Real>(row: &[T], target: usize, inv_t: T, o: &mut [T]) {
+    let mut max = row[0];
+    for &x in &row[1..] {
+        max = max.larger(x);
+    }
+    let (mut sum, mut sum_ez) = (0f64, 0f64);
+    for &x in row {
+        let z = (x - max) * inv_t;
+        let e = z.exp();
+        sum += e.to_f64();
+        sum_ez += (e * z).to_f64();
+    }
+    let s = sum.ln();
+    let zt = ((row[target] - max) * inv_t).to_f64();
+    // H = −Σ p (z − s) = s − Σ p z, with z measured from the max.
+    o[0] = T::from_f64(zt - s);
+    o[1] = T::from_f64(s - sum_ez / sum);
+    o[2] = max;
+    o[3] = T::from_f64(s);
+}
+
+/// `∂(g_lp · log p_t + g_ent · H)/∂x` for one logit `x` of a row with stats `st`, without the
+/// target's own `g_lp / T` (the caller adds it).
+#[inline]
+fn lpe_grad<T: Real>(x: T, st: &[T], g_lp: T, g_ent: T, inv_t: T) -> T {
+    let (ent, max, s) = (st[1], st[2], st[3]);
+    let logp = (x - max) * inv_t - s;
+    let p = logp.exp();
+    (-(g_lp * p) - g_ent * p * (logp + ent)) * inv_t
+}
+
 /// `(logits, stats, g) → ∂(g · stats)/∂logits` for [`LogProbEntropy`], one pass per row.
 struct LogProbEntropyBwd {
     targets: std::sync::Arc<Vec<u32>>,
@@ -1481,12 +1513,9 @@ impl LogProbEntropyBwd {
         let work = |(i, o): (usize, &mut [T])| {
             let row = &data[i * v..(i + 1) * v];
             let st = &stats[i * LPE_COLS..(i + 1) * LPE_COLS];
-            let (ent, max, s) = (st[1], st[2], st[3]);
             let (g_lp, g_ent) = (g[i * LPE_COLS], g[i * LPE_COLS + 1]);
             for (o, &x) in o.iter_mut().zip(row) {
-                let logp = (x - max) * inv_t - s;
-                let p = logp.exp();
-                *o = (-(g_lp * p) - g_ent * p * (logp + ent)) * inv_t;
+                *o = lpe_grad(x, st, g_lp, g_ent, inv_t);
             }
             let t = self.targets[i] as usize;
             o[t] += g_lp * inv_t;
@@ -1544,6 +1573,304 @@ impl CustomOp3 for LogProbEntropyBwd {
             _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
         };
         Ok((out, l1.shape().clone()))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The output layer and the log-prob/entropy together, in blocks of rows
+
+/// Rows per block of [`HeadLogProbEntropy`]: its scratch is `rows × vocab` (SmolLM2: 48 MiB in
+/// f32), against the whole `[tokens, vocab]` logits and their gradient the composed head keeps.
+const HEAD_ROWS: usize = 256;
+
+/// [`LogProbEntropy`] of `h · Wᵀ` for hidden states `h [n, d]` and the output layer `W [V, d]`,
+/// computing the logits one block of [`HEAD_ROWS`] rows at a time: forward the block's row
+/// statistics, backward the block's logits again (one more output-layer product), their
+/// gradient in place, then `∂h = G · W` for the block and `∂W += Gᵀ · h` over the blocks in
+/// order (reproducible). Neither the `[n, V]` logits nor their gradient is ever whole, which is
+/// what a training step's peak memory on a large vocabulary was made of. Same statistics and
+/// same row arithmetic as [`LogProbEntropy`] on the logits `x · Wᵀ`; the products are gemm's.
+pub(crate) struct HeadLogProbEntropy {
+    pub targets: std::sync::Arc<Vec<u32>>,
+    pub temperature: f64,
+    /// Whether the backward pass forms `∂W` (not for a frozen base).
+    pub head_grad: bool,
+}
+
+/// The parallelism of the head's products: the whole current pool.
+fn pool_parallelism() -> gemm::Parallelism {
+    match rayon::current_num_threads() {
+        0 | 1 => gemm::Parallelism::None,
+        n => gemm::Parallelism::Rayon(n),
+    }
+}
+
+impl HeadLogProbEntropy {
+    /// `buf [rows, v] = h[r0 .. r0 + rows] · Wᵀ`.
+    fn logits<T: Real>(
+        h: &[T],
+        w: &[T],
+        (d, v): (usize, usize),
+        (r0, rows): (usize, usize),
+        buf: &mut [T],
+    ) -> candle_core::Result<()> {
+        matmul_into_on(
+            buf,
+            v,
+            MatRef {
+                data: &h[r0 * d..(r0 + rows) * d],
+                rows,
+                cols: d,
+                rs: d,
+                cs: 1,
+            },
+            MatRef {
+                data: w,
+                rows: d,
+                cols: v,
+                rs: 1,
+                cs: d,
+            },
+            false,
+            pool_parallelism(),
+        )
+    }
+
+    fn check(&self, n: usize, v: usize, what: &str) -> candle_core::Result<()> {
+        if n != self.targets.len() {
+            candle_core::bail!("{what}: {n} rows but {} targets", self.targets.len());
+        }
+        if v == 0 {
+            candle_core::bail!("{what}: empty vocabulary");
+        }
+        if let Some(&t) = self.targets.iter().find(|&&t| t as usize >= v) {
+            candle_core::bail!("{what}: target {t} outside a vocabulary of {v}");
+        }
+        Ok(())
+    }
+
+    fn fwd<T: Real>(&self, h: &[T], w: &[T], n: usize, d: usize) -> candle_core::Result<Vec<T>> {
+        let v = w.len() / d.max(1);
+        let inv_t = T::from_f64(1.0 / self.temperature);
+        let mut out = vec![T::zero(); n * LPE_COLS];
+        let mut buf = vec![T::zero(); HEAD_ROWS.min(n) * v];
+        for r0 in (0..n).step_by(HEAD_ROWS) {
+            let rows = HEAD_ROWS.min(n - r0);
+            Self::logits(h, w, (d, v), (r0, rows), &mut buf)?;
+            out[r0 * LPE_COLS..(r0 + rows) * LPE_COLS]
+                .par_chunks_mut(LPE_COLS)
+                .zip(buf.par_chunks(v))
+                .enumerate()
+                .for_each(|(i, (o, row))| {
+                    lpe_row_stats(row, self.targets[r0 + i] as usize, inv_t, o)
+                });
+        }
+        Ok(out)
+    }
+
+    /// `[∂h (n·d) | ∂W (V·d) when head_grad]` from the stats and their gradient side by side
+    /// (`sg [n, 2·LPE_COLS]`).
+    fn bwd<T: Real>(
+        &self,
+        h: &[T],
+        w: &[T],
+        sg: &[T],
+        n: usize,
+        d: usize,
+    ) -> candle_core::Result<Vec<T>> {
+        let v = w.len() / d.max(1);
+        let inv_t = T::from_f64(1.0 / self.temperature);
+        let dw_len = if self.head_grad { v * d } else { 0 };
+        let mut out = vec![T::zero(); n * d + dw_len];
+        let (dh, dw) = out.split_at_mut(n * d);
+        let mut buf = vec![T::zero(); HEAD_ROWS.min(n) * v];
+        for r0 in (0..n).step_by(HEAD_ROWS) {
+            let rows = HEAD_ROWS.min(n - r0);
+            Self::logits(h, w, (d, v), (r0, rows), &mut buf)?;
+            // The block's logits become their gradient, in place.
+            buf[..rows * v]
+                .par_chunks_mut(v)
+                .enumerate()
+                .for_each(|(i, row)| {
+                    let sgi = &sg[(r0 + i) * 2 * LPE_COLS..(r0 + i + 1) * 2 * LPE_COLS];
+                    let (st, g) = sgi.split_at(LPE_COLS);
+                    let (g_lp, g_ent) = (g[0], g[1]);
+                    for x in row.iter_mut() {
+                        *x = lpe_grad(*x, st, g_lp, g_ent, inv_t);
+                    }
+                    row[self.targets[r0 + i] as usize] += g_lp * inv_t;
+                });
+            let grad = &buf[..rows * v];
+            // ∂h = G · W.
+            matmul_into_on(
+                &mut dh[r0 * d..(r0 + rows) * d],
+                d,
+                MatRef {
+                    data: grad,
+                    rows,
+                    cols: v,
+                    rs: v,
+                    cs: 1,
+                },
+                MatRef {
+                    data: w,
+                    rows: v,
+                    cols: d,
+                    rs: d,
+                    cs: 1,
+                },
+                false,
+                pool_parallelism(),
+            )?;
+            if self.head_grad {
+                // ∂W += Gᵀ · h.
+                matmul_into_on(
+                    dw,
+                    d,
+                    MatRef {
+                        data: grad,
+                        rows: v,
+                        cols: rows,
+                        rs: 1,
+                        cs: v,
+                    },
+                    MatRef {
+                        data: &h[r0 * d..(r0 + rows) * d],
+                        rows,
+                        cols: d,
+                        rs: d,
+                        cs: 1,
+                    },
+                    true,
+                    pool_parallelism(),
+                )?;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl CustomOp2 for HeadLogProbEntropy {
+    fn name(&self) -> &'static str {
+        "rollflash-head-logprob-entropy"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let what = "head logprob_entropy";
+        let (n, d) = l1.shape().dims2()?;
+        let (v, d2) = l2.shape().dims2()?;
+        if d != d2 {
+            candle_core::bail!("{what}: hidden {:?} but head {:?}", l1.shape(), l2.shape());
+        }
+        self.check(n, v, what)?;
+        let out = match (s1, s2) {
+            (CpuStorage::F32(h), CpuStorage::F32(w)) => CpuStorage::F32(self.fwd(
+                contiguous(h, l1, what)?,
+                contiguous(w, l2, what)?,
+                n,
+                d,
+            )?),
+            (CpuStorage::F64(h), CpuStorage::F64(w)) => CpuStorage::F64(self.fwd(
+                contiguous(h, l1, what)?,
+                contiguous(w, l2, what)?,
+                n,
+                d,
+            )?),
+            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
+        };
+        Ok((out, (n, LPE_COLS).into()))
+    }
+
+    fn bwd(
+        &self,
+        h: &Tensor,
+        w: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let (n, d) = h.dims2()?;
+        let v = w.dim(0)?;
+        let sg = Tensor::cat(&[res, grad], 1)?;
+        let bwd = HeadLogProbEntropyBwd {
+            head: HeadLogProbEntropy {
+                targets: self.targets.clone(),
+                temperature: self.temperature,
+                head_grad: self.head_grad,
+            },
+        };
+        let both = h
+            .contiguous()?
+            .apply_op3_no_bwd(&w.contiguous()?, &sg.contiguous()?, &bwd)?;
+        let dh = both.narrow(0, 0, n * d)?.reshape((n, d))?;
+        let dw = if self.head_grad {
+            Some(both.narrow(0, n * d, v * d)?.reshape((v, d))?)
+        } else {
+            None
+        };
+        Ok((Some(dh), dw))
+    }
+}
+
+/// `(h, W, [stats | gradient]) → [∂h | ∂W]` flat, for [`HeadLogProbEntropy`].
+struct HeadLogProbEntropyBwd {
+    head: HeadLogProbEntropy,
+}
+
+impl CustomOp3 for HeadLogProbEntropyBwd {
+    fn name(&self) -> &'static str {
+        "rollflash-head-logprob-entropy-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let what = "head logprob_entropy backward";
+        let (n, d) = l1.shape().dims2()?;
+        let (v, d2) = l2.shape().dims2()?;
+        if d != d2 || l3.shape().dims() != [n, 2 * LPE_COLS] {
+            candle_core::bail!(
+                "{what}: hidden {:?}, head {:?}, stats and gradient {:?}",
+                l1.shape(),
+                l2.shape(),
+                l3.shape()
+            );
+        }
+        self.head.check(n, v, what)?;
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(h), CpuStorage::F32(w), CpuStorage::F32(sg)) => {
+                CpuStorage::F32(self.head.bwd(
+                    contiguous(h, l1, what)?,
+                    contiguous(w, l2, what)?,
+                    contiguous(sg, l3, what)?,
+                    n,
+                    d,
+                )?)
+            }
+            (CpuStorage::F64(h), CpuStorage::F64(w), CpuStorage::F64(sg)) => {
+                CpuStorage::F64(self.head.bwd(
+                    contiguous(h, l1, what)?,
+                    contiguous(w, l2, what)?,
+                    contiguous(sg, l3, what)?,
+                    n,
+                    d,
+                )?)
+            }
+            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
+        };
+        let len = n * d + if self.head.head_grad { v * d } else { 0 };
+        Ok((out, len.into()))
     }
 }
 

@@ -660,4 +660,47 @@ mod tests {
             |x| logprob_entropy_composed(x, &targets, 0.7).unwrap(),
         );
     }
+
+    /// The output layer with the log-prob/entropy in blocks of rows equals the composed
+    /// `h · Wᵀ` then log-prob/entropy: values and the gradients of `h` and `W` (f64, 1e-10),
+    /// over more rows than one block, at temperature 0.7; without `head_grad` it forms no `∂W`.
+    #[test]
+    fn head_logprob_entropy_matches_composed() {
+        use crate::fused::HeadLogProbEntropy;
+        let (n, d, v) = (300, 6, 11);
+        let targets: Vec<u32> = (0..n).map(|i| (i * 7 % v) as u32).collect();
+        let head = |head_grad| HeadLogProbEntropy {
+            targets: std::sync::Arc::new(targets.clone()),
+            temperature: 0.7,
+            head_grad,
+        };
+        check_many(
+            &[
+                (data(n * d, 1), vec![n, d], true),
+                (data(v * d, 2), vec![v, d], true),
+            ],
+            1e-10,
+            |t| {
+                t[0].apply_op2(&t[1], head(true))
+                    .unwrap()
+                    .narrow(1, 0, 2)
+                    .unwrap()
+            },
+            |t| {
+                let logits = t[0].matmul(&t[1].t().unwrap()).unwrap();
+                logprob_entropy_composed(&logits, &targets, 0.7).unwrap()
+            },
+        );
+        let h = Var::from_tensor(&Tensor::from_vec(data(n * d, 1), (n, d), &Device::Cpu).unwrap())
+            .unwrap();
+        let w = Var::from_tensor(&Tensor::from_vec(data(v * d, 2), (v, d), &Device::Cpu).unwrap())
+            .unwrap();
+        let y = h.as_tensor().apply_op2(w.as_tensor(), head(false)).unwrap();
+        let grads = y.sum_all().unwrap().backward().unwrap();
+        assert!(grads.get(h.as_tensor()).is_some());
+        assert!(
+            grads.get(w.as_tensor()).is_none(),
+            "a frozen head got a gradient"
+        );
+    }
 }

@@ -223,8 +223,12 @@ pub fn token_stats(
     offsets.push(off);
     let n = off;
     let device = model.device();
-    let logits = model.forward(&chunks, None, Logits::All, fused)?;
-    let both = ops::logprob_entropy(&logits, targets, temperature)?;
+    let both = if model.blocked_head() {
+        model.logprob_entropy_all(&chunks, targets, temperature, fused)?
+    } else {
+        let logits = model.forward(&chunks, None, Logits::All, fused)?;
+        ops::logprob_entropy(&logits, targets, temperature)?
+    };
     let row_lp = both.narrow(1, 0, 1)?.squeeze(1)?;
     let row_ent = both.narrow(1, 1, 1)?.squeeze(1)?;
     // The stats' dtype: f32 for a half-precision model (see `ops::logprob_entropy`).

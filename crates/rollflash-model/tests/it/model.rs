@@ -48,11 +48,16 @@ fn check_against_training_forward(
 }
 
 /// Requests of different prompt lengths join and leave a running batch of at most 3; each
-/// token's log-prob equals the training forward's (f32, 1e-4).
+/// token's log-prob equals the training forward's (f32, 1e-4) — for each architecture, and
+/// once with a vocabulary large enough for the training forward's blocked output layer.
 #[test]
 fn continuous_batching_matches_training_forward() {
-    for arch in ARCHS {
-        let cfg = ModelConfig::tiny(arch, 64);
+    let cases = ARCHS
+        .map(|a| (a, 64))
+        .into_iter()
+        .chain([(Arch::Llama, 5000)]);
+    for (arch, vocab) in cases {
+        let cfg = ModelConfig::tiny(arch, vocab);
         let model = Arc::new(sharp_model(&cfg, 11, DType::F32));
         let mut engine = Engine::new(
             Arc::clone(&model),
