@@ -1,7 +1,7 @@
 //! Fused CPU kernels with hand-written backward passes: RMSNorm, rotary embedding, SwiGLU, the
 //! training softmax, causal attention for training (scores, mask, softmax and values in one op
 //! that recomputes the probabilities in its backward pass), and the log-prob/entropy of the
-//! logits.
+//! logits (alone, or with the output layer over blocks of rows).
 //!
 //! Each is one pass over memory forward and one backward, where the composed candle ops are
 //! 3–8 passes each way (plus their intermediate tensors). The same forward kernel serves
