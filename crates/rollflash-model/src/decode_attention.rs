@@ -59,36 +59,44 @@ pub(crate) fn decode_attention(
         .iter()
         .map(|m| (m.k.storage_and_layout(), m.v.storage_and_layout()))
         .collect();
+    let call = Call {
+        rows,
+        guards: &guards,
+        members,
+        heads,
+        scale,
+    };
     let out = match &*q_store {
-        Storage::Cpu(CpuStorage::F32(q)) => {
-            let caches = slices(&guards, members, heads, |s| match s {
-                CpuStorage::F32(x) => Some(x.as_slice()),
-                _ => None,
-            })?;
-            caches.map(|c| {
-                Tensor::from_vec(
-                    run(&q[q0..q1], rows, &c, heads, scale),
-                    shape(rows, heads),
-                    &Device::Cpu,
-                )
-            })
-        }
-        Storage::Cpu(CpuStorage::F64(q)) => {
-            let caches = slices(&guards, members, heads, |s| match s {
-                CpuStorage::F64(x) => Some(x.as_slice()),
-                _ => None,
-            })?;
-            caches.map(|c| {
-                Tensor::from_vec(
-                    run(&q[q0..q1], rows, &c, heads, scale),
-                    shape(rows, heads),
-                    &Device::Cpu,
-                )
-            })
-        }
+        Storage::Cpu(CpuStorage::F32(q)) => call.typed(&q[q0..q1])?,
+        Storage::Cpu(CpuStorage::F64(q)) => call.typed(&q[q0..q1])?,
         _ => None,
     };
     Ok(out.transpose()?)
+}
+
+/// One [`decode_attention`] call's arguments besides the queries.
+struct Call<'a, 'g> {
+    rows: &'a [usize],
+    guards: &'g [Guard<'g>],
+    members: &'a [Member<'a>],
+    heads: Heads,
+    scale: f64,
+}
+
+impl<'g> Call<'_, 'g> {
+    /// The call for the queries' element type: `None` when a cache holds another.
+    fn typed<T: Real>(&self, q: &[T]) -> Result<Option<candle_core::Result<Tensor>>> {
+        let caches = slices(self.guards, self.members, self.heads, |s| {
+            s.as_slice::<T>().ok()
+        })?;
+        Ok(caches.map(|c| {
+            Tensor::from_vec(
+                run(q, self.rows, &c, self.heads, self.scale),
+                shape(self.rows, self.heads),
+                &Device::Cpu,
+            )
+        }))
+    }
 }
 
 fn shape(rows: &[usize], h: Heads) -> (usize, usize) {

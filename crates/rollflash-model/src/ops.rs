@@ -270,6 +270,16 @@ mod tests {
         }
     }
 
+    /// Every element of `t`, as f64.
+    fn flat_f64(t: &Tensor) -> Vec<f64> {
+        t.to_dtype(DType::F64)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap()
+    }
+
     fn data(n: usize, seed: usize) -> Vec<f64> {
         (0..n)
             .map(|i| (((i + seed) * 37 % 23) as f64 - 11.0) / 7.0)
@@ -457,14 +467,7 @@ mod tests {
             .to_dtype(dtype)
             .unwrap();
         let grads = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
-        let flat = |t: &Tensor| {
-            t.to_dtype(DType::F64)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f64>()
-                .unwrap()
-        };
+        let flat = flat_f64;
         let mut all = flat(&y);
         for x in [&q, &k, &v] {
             all.extend(flat(grads.get(x.as_tensor()).unwrap()));
@@ -539,14 +542,7 @@ mod tests {
             };
             let y = y.to_dtype(DType::F64).unwrap();
             let grads = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
-            let flat = |t: &Tensor| {
-                t.to_dtype(DType::F64)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f64>()
-                    .unwrap()
-            };
+            let flat = flat_f64;
             let mut all = flat(&y);
             all.extend(flat(grads.get(x.as_tensor()).unwrap()));
             all
