@@ -467,10 +467,9 @@ mod tests {
             .to_dtype(dtype)
             .unwrap();
         let grads = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
-        let flat = flat_f64;
-        let mut all = flat(&y);
+        let mut all = flat_f64(&y);
         for x in [&q, &k, &v] {
-            all.extend(flat(grads.get(x.as_tensor()).unwrap()));
+            all.extend(flat_f64(grads.get(x.as_tensor()).unwrap()));
         }
         all
     }
@@ -542,9 +541,8 @@ mod tests {
             };
             let y = y.to_dtype(DType::F64).unwrap();
             let grads = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
-            let flat = flat_f64;
-            let mut all = flat(&y);
-            all.extend(flat(grads.get(x.as_tensor()).unwrap()));
+            let mut all = flat_f64(&y);
+            all.extend(flat_f64(grads.get(x.as_tensor()).unwrap()));
             all
         };
         let (got, want) = (run(DType::F32, true), run(DType::F64, false));
