@@ -19,6 +19,11 @@
 #   --smol-new-tokens N    tokens per request for SmolLM2 [16]   (batch 64 x 64 tokens is minutes)
 #   --smol-train-seqs N    training sequences for SmolLM2 [4]    (16 x 128 needs ~14 GB on our side)
 #   --smol-train-steps N   timed training steps for SmolLM2 [1] (after one warm-up step)
+#   --isa native|avx2      the instruction set both sides run with [native]. avx2 measures, on an
+#                          AVX-512 machine, how an AVX2-only one runs: rollflash is built without
+#                          its `avx512` feature (in .cache/target-avx2) and PyTorch runs with
+#                          ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
+#                          ONEDNN_MAX_CPU_ISA=AVX2. Each run's "cpu kernels" line is checked.
 #   --wait-idle SECS       before each run, wait up to SECS for the CPUs to be idle [0 = don't]
 #   --log-dir DIR          keep every raw output there [a temp dir]
 #
@@ -49,6 +54,7 @@ SMOL_NEW_TOKENS=16
 SMOL_TRAIN_SEQS=4
 SMOL_TRAIN_STEPS=1
 WAIT_IDLE=0
+ISA=native
 LOG_DIR=""
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -67,6 +73,7 @@ while [ $# -gt 0 ]; do
     --smol-train-seqs) SMOL_TRAIN_SEQS="$2"; shift 2 ;;
     --smol-train-steps) SMOL_TRAIN_STEPS="$2"; shift 2 ;;
     --wait-idle) WAIT_IDLE="$2"; shift 2 ;;
+    --isa) ISA="$2"; shift 2 ;;
     --log-dir) LOG_DIR="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench_engine_vs_torch.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -75,10 +82,19 @@ done
 
 die() { echo "bench_engine_vs_torch.sh: $*" >&2; exit 1; }
 
-BIN="${ROLLFLASH_BIN:-$ROOT/target/release/rollflash}"
+case "$ISA" in
+  native)
+    BIN="${ROLLFLASH_BIN:-$ROOT/target/release/rollflash}"
+    build=(cargo build --release -p rollflash) ;;
+  avx2)
+    BIN="${ROLLFLASH_BIN:-$ROOT/.cache/target-avx2/release/rollflash}"
+    build=(env CARGO_TARGET_DIR="$ROOT/.cache/target-avx2" cargo build --release -p rollflash --no-default-features)
+    export ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 ;;
+  *) die "--isa must be native or avx2, not '$ISA'" ;;
+esac
 if [ ! -x "$BIN" ]; then
-  echo "bench_engine_vs_torch.sh: $BIN missing; building it" >&2
-  cargo build --release -p rollflash >&2 || die "cargo build --release -p rollflash failed"
+  echo "bench_engine_vs_torch.sh: $BIN missing; building it (${build[*]})" >&2
+  "${build[@]}" >&2 || die "${build[*]} failed"
 fi
 # TORCH_PYTHON: a python whose torch to use instead of installing one into .venv (for example
 # the cached vLLM venv's, ~/.cache/rollflash/vllm-venv/bin/python: torch 2.13, not the pinned
@@ -139,13 +155,19 @@ run_one() {
   local others
   others=$(awk -v b=$((b1 - b0)) -v o=$((o1 - o0)) -v t0="$t0" -v t1="$t1" -v hz="$(getconf CLK_TCK)" \
     'BEGIN { d = (b - o) / hz / (t1 - t0); if (d < 0) d = 0; printf "%.0f%%", 100 * d }')
-  printf '  %-9s %-8s repeat %s: %5.1f s, others busy %s of a CPU\n' \
-    "$side" "$model" "$rep" "$(awk -v a="$t0" -v b="$t1" 'BEGIN{print b-a}')" "$others" >&2
+  # Both sides print the instruction set their kernels ran with; --isa avx2 must get AVX2.
+  local isa
+  isa=$(grep -o 'cpu kernels: [a-z0-9_]*' "$out" | head -1 | cut -d' ' -f3)
+  if [ "$ISA" = avx2 ] && [ "$isa" != avx2 ]; then
+    die "$side ran with '${isa:-unknown}' kernels, not avx2 ($out)"
+  fi
+  printf '  %-9s %-8s repeat %s: %5.1f s, others busy %s of a CPU, %s kernels\n' \
+    "$side" "$model" "$rep" "$(awk -v a="$t0" -v b="$t1" 'BEGIN{print b-a}')" "$others" "${isa:-unknown}" >&2
   echo "# others_busy $others" >>"$out"
 }
 
 IFS=',' read -r -a model_list <<<"$MODELS"
-echo "bench_engine_vs_torch: threads $THREADS, repeats $REPEATS, models $MODELS, logs in $LOG_DIR" >&2
+echo "bench_engine_vs_torch: threads $THREADS, repeats $REPEATS, models $MODELS, isa $ISA, logs in $LOG_DIR" >&2
 echo "  OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-unset} CANDLE_NUM_THREADS=${CANDLE_NUM_THREADS:-unset}; $(nproc) CPUs; $("$PY" -c 'import torch; print("torch", torch.__version__)')" >&2
 cmd_lines=()
 for model in "${model_list[@]}"; do

@@ -444,7 +444,8 @@ def main() -> None:
         raise SystemExit("bench_torch.py: prompt + new tokens exceed max_position_embeddings")
     print(
         f"model: {name} ({cfg.arch}, {cfg.num_parameters() / 1e6:.1f} M params), threads: {args.threads} "
-        f"[torch {torch.__version__}, {args.device}, {args.dtype}]",
+        f"[torch {torch.__version__}, {args.device}, {args.dtype}], "
+        f"cpu kernels: {torch.backends.cpu.get_cpu_capability().lower()}",
         flush=True,
     )
     if not args.skip_decode:

@@ -98,6 +98,27 @@ pub(crate) fn contiguous<'a, T>(
     }
 }
 
+/// Dispatches a CPU kernel on its inputs' element type, f32 or f64 and the same for all:
+/// `on_real!(what, [(x, s1, l1), (w, s2, l2)], body)` binds each name to the contiguous slice of
+/// its storage and layout, evaluates `body` (a `Vec` of that element type; compiled once per
+/// type) and wraps it in the storage of that type. Other dtypes are an error naming `what`.
+macro_rules! on_real {
+    ($what:expr, [$(($name:ident, $s:expr, $l:expr)),+ $(,)?], $body:expr) => {{
+        let what = $what;
+        match ($($s,)+) {
+            ($(CpuStorage::F32($name),)+) => {
+                $(let $name = contiguous($name, $l, what)?;)+
+                CpuStorage::F32($body)
+            }
+            ($(CpuStorage::F64($name),)+) => {
+                $(let $name = contiguous($name, $l, what)?;)+
+                CpuStorage::F64($body)
+            }
+            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
+        }
+    }};
+}
+
 /// [`contiguous`] for a tensor an in-place op writes.
 pub(crate) fn contiguous_mut<'a, T>(
     data: &'a mut [T],
@@ -191,19 +212,7 @@ impl CustomOp2 for RmsNorm {
         if l2.shape().elem_count() != d {
             candle_core::bail!("rms_norm: weight of {:?} for rows of {d}", l2.shape());
         }
-        let out = match (s1, s2) {
-            (CpuStorage::F32(x), CpuStorage::F32(w)) => CpuStorage::F32(self.fwd(
-                contiguous(x, l1, "rms_norm")?,
-                contiguous(w, l2, "rms_norm")?,
-                d,
-            )),
-            (CpuStorage::F64(x), CpuStorage::F64(w)) => CpuStorage::F64(self.fwd(
-                contiguous(x, l1, "rms_norm")?,
-                contiguous(w, l2, "rms_norm")?,
-                d,
-            )),
-            _ => candle_core::bail!("rms_norm: f32 or f64 inputs of one dtype"),
-        };
+        let out = on_real!("rms_norm", [(x, s1, l1), (w, s2, l2)], self.fwd(x, w, d));
         Ok((out, l1.shape().clone()))
     }
 
@@ -298,25 +307,11 @@ impl CustomOp3 for RmsNormBwd {
         let d = last_dim(l1);
         let rows = l1.shape().elem_count() / d.max(1);
         let what = "rms_norm backward";
-        let out = match (s1, s2, s3) {
-            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => {
-                CpuStorage::F32(self.run(
-                    contiguous(x, l1, what)?,
-                    contiguous(w, l2, what)?,
-                    contiguous(g, l3, what)?,
-                    d,
-                ))
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => {
-                CpuStorage::F64(self.run(
-                    contiguous(x, l1, what)?,
-                    contiguous(w, l2, what)?,
-                    contiguous(g, l3, what)?,
-                    d,
-                ))
-            }
-            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
-        };
+        let out = on_real!(
+            what,
+            [(x, s1, l1), (w, s2, l2), (g, s3, l3)],
+            self.run(x, w, g, d)
+        );
         Ok((out, (rows + 1, d).into()))
     }
 }
@@ -384,27 +379,11 @@ impl CustomOp3 for Rope {
                 l3.shape()
             );
         }
-        let out = match (s1, s2, s3) {
-            (CpuStorage::F32(x), CpuStorage::F32(c), CpuStorage::F32(s)) => {
-                CpuStorage::F32(Self::fwd(
-                    contiguous(x, l1, "rope")?,
-                    contiguous(c, l2, "rope")?,
-                    contiguous(s, l3, "rope")?,
-                    heads,
-                    hd,
-                ))
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(c), CpuStorage::F64(s)) => {
-                CpuStorage::F64(Self::fwd(
-                    contiguous(x, l1, "rope")?,
-                    contiguous(c, l2, "rope")?,
-                    contiguous(s, l3, "rope")?,
-                    heads,
-                    hd,
-                ))
-            }
-            _ => candle_core::bail!("rope: f32 or f64 inputs of one dtype"),
-        };
+        let out = on_real!(
+            "rope",
+            [(x, s1, l1), (c, s2, l2), (s, s3, l3)],
+            Self::fwd(x, c, s, heads, hd)
+        );
         Ok((out, l1.shape().clone()))
     }
 
@@ -465,17 +444,7 @@ impl CustomOp2 for SwiGlu {
         if l1.shape() != l2.shape() {
             candle_core::bail!("swiglu: gate {:?} but up {:?}", l1.shape(), l2.shape());
         }
-        let out = match (s1, s2) {
-            (CpuStorage::F32(g), CpuStorage::F32(u)) => CpuStorage::F32(Self::fwd(
-                contiguous(g, l1, "swiglu")?,
-                contiguous(u, l2, "swiglu")?,
-            )),
-            (CpuStorage::F64(g), CpuStorage::F64(u)) => CpuStorage::F64(Self::fwd(
-                contiguous(g, l1, "swiglu")?,
-                contiguous(u, l2, "swiglu")?,
-            )),
-            _ => candle_core::bail!("swiglu: f32 or f64 inputs of one dtype"),
-        };
+        let out = on_real!("swiglu", [(g, s1, l1), (u, s2, l2)], Self::fwd(g, u));
         Ok((out, l1.shape().clone()))
     }
 
@@ -545,23 +514,11 @@ impl CustomOp3 for SwiGluBwd {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let n = l1.shape().elem_count();
         let what = "swiglu backward";
-        let out = match (s1, s2, s3) {
-            (CpuStorage::F32(a), CpuStorage::F32(b), CpuStorage::F32(c)) => {
-                CpuStorage::F32(Self::run(
-                    contiguous(a, l1, what)?,
-                    contiguous(b, l2, what)?,
-                    contiguous(c, l3, what)?,
-                ))
-            }
-            (CpuStorage::F64(a), CpuStorage::F64(b), CpuStorage::F64(c)) => {
-                CpuStorage::F64(Self::run(
-                    contiguous(a, l1, what)?,
-                    contiguous(b, l2, what)?,
-                    contiguous(c, l3, what)?,
-                ))
-            }
-            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
-        };
+        let out = on_real!(
+            what,
+            [(a, s1, l1), (b, s2, l2), (c, s3, l3)],
+            Self::run(a, b, c)
+        );
         Ok((out, (2 * n).into()))
     }
 }
@@ -604,11 +561,7 @@ impl CustomOp1 for SoftmaxLastDim {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let v = last_dim(l);
-        let out = match s {
-            CpuStorage::F32(x) => CpuStorage::F32(Self::fwd(contiguous(x, l, "softmax")?, v)),
-            CpuStorage::F64(x) => CpuStorage::F64(Self::fwd(contiguous(x, l, "softmax")?, v)),
-            _ => candle_core::bail!("softmax: only f32 and f64 are supported"),
-        };
+        let out = on_real!("softmax", [(x, s, l)], Self::fwd(x, v));
         Ok((out, l.shape().clone()))
     }
 
@@ -666,19 +619,7 @@ impl CustomOp2 for SoftmaxBwd {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let v = last_dim(l1);
         let what = "softmax backward";
-        let out = match (s1, s2) {
-            (CpuStorage::F32(y), CpuStorage::F32(g)) => CpuStorage::F32(Self::run(
-                contiguous(y, l1, what)?,
-                contiguous(g, l2, what)?,
-                v,
-            )),
-            (CpuStorage::F64(y), CpuStorage::F64(g)) => CpuStorage::F64(Self::run(
-                contiguous(y, l1, what)?,
-                contiguous(g, l2, what)?,
-                v,
-            )),
-            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
-        };
+        let out = on_real!(what, [(y, s1, l1), (g, s2, l2)], Self::run(y, g, v));
         Ok((out, l1.shape().clone()))
     }
 }
@@ -1082,25 +1023,11 @@ impl CustomOp3 for FusedAttention {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let what = "attention";
         let d = AttnDims::of(l1, l2, l3, &self.mask, what)?;
-        let out = match (s1, s2, s3) {
-            (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v)) => {
-                CpuStorage::F32(self.fwd(
-                    &d,
-                    contiguous(q, l1, what)?,
-                    contiguous(k, l2, what)?,
-                    contiguous(v, l3, what)?,
-                )?)
-            }
-            (CpuStorage::F64(q), CpuStorage::F64(k), CpuStorage::F64(v)) => {
-                CpuStorage::F64(self.fwd(
-                    &d,
-                    contiguous(q, l1, what)?,
-                    contiguous(k, l2, what)?,
-                    contiguous(v, l3, what)?,
-                )?)
-            }
-            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
-        };
+        let out = on_real!(
+            what,
+            [(q, s1, l1), (k, s2, l2), (v, s3, l3)],
+            self.fwd(&d, q, k, v)?
+        );
         Ok((out, l1.shape().clone()))
     }
 
@@ -1357,27 +1284,11 @@ impl CustomOp3 for FusedAttentionBwd {
         let candle_core::Storage::Cpu(gs) = &*gs else {
             candle_core::bail!("{what}: the gradient is not on the CPU");
         };
-        let out = match (s1, s2, s3, gs) {
-            (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v), CpuStorage::F32(g)) => {
-                CpuStorage::F32(self.run(
-                    &d,
-                    contiguous(q, l1, what)?,
-                    contiguous(k, l2, what)?,
-                    contiguous(v, l3, what)?,
-                    contiguous(g, gl, what)?,
-                )?)
-            }
-            (CpuStorage::F64(q), CpuStorage::F64(k), CpuStorage::F64(v), CpuStorage::F64(g)) => {
-                CpuStorage::F64(self.run(
-                    &d,
-                    contiguous(q, l1, what)?,
-                    contiguous(k, l2, what)?,
-                    contiguous(v, l3, what)?,
-                    contiguous(g, gl, what)?,
-                )?)
-            }
-            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
-        };
+        let out = on_real!(
+            what,
+            [(q, s1, l1), (k, s2, l2), (v, s3, l3), (g, gs, gl)],
+            self.run(&d, q, k, v, g)?
+        );
         let n = l1.shape().elem_count() + 2 * l2.shape().elem_count();
         Ok((out, n.into()))
     }
@@ -1441,11 +1352,7 @@ impl CustomOp1 for LogProbEntropy {
         if v == 0 {
             candle_core::bail!("{what}: empty vocabulary");
         }
-        let out = match s {
-            CpuStorage::F32(d) => CpuStorage::F32(self.fwd(contiguous(d, l, what)?, v)?),
-            CpuStorage::F64(d) => CpuStorage::F64(self.fwd(contiguous(d, l, what)?, v)?),
-            _ => candle_core::bail!("{what}: only f32 and f64 are supported"),
-        };
+        let out = on_real!(what, [(d, s, l)], self.fwd(d, v)?);
         Ok((out, (n, LPE_COLS).into()))
     }
 
@@ -1553,25 +1460,11 @@ impl CustomOp3 for LogProbEntropyBwd {
                 l3.shape()
             );
         }
-        let out = match (s1, s2, s3) {
-            (CpuStorage::F32(x), CpuStorage::F32(st), CpuStorage::F32(g)) => {
-                CpuStorage::F32(self.run(
-                    contiguous(x, l1, what)?,
-                    contiguous(st, l2, what)?,
-                    contiguous(g, l3, what)?,
-                    v,
-                ))
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(st), CpuStorage::F64(g)) => {
-                CpuStorage::F64(self.run(
-                    contiguous(x, l1, what)?,
-                    contiguous(st, l2, what)?,
-                    contiguous(g, l3, what)?,
-                    v,
-                ))
-            }
-            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
-        };
+        let out = on_real!(
+            what,
+            [(x, s1, l1), (st, s2, l2), (g, s3, l3)],
+            self.run(x, st, g, v)
+        );
         Ok((out, l1.shape().clone()))
     }
 }
@@ -1769,21 +1662,7 @@ impl CustomOp2 for HeadLogProbEntropy {
             candle_core::bail!("{what}: hidden {:?} but head {:?}", l1.shape(), l2.shape());
         }
         self.check(n, v, what)?;
-        let out = match (s1, s2) {
-            (CpuStorage::F32(h), CpuStorage::F32(w)) => CpuStorage::F32(self.fwd(
-                contiguous(h, l1, what)?,
-                contiguous(w, l2, what)?,
-                n,
-                d,
-            )?),
-            (CpuStorage::F64(h), CpuStorage::F64(w)) => CpuStorage::F64(self.fwd(
-                contiguous(h, l1, what)?,
-                contiguous(w, l2, what)?,
-                n,
-                d,
-            )?),
-            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
-        };
+        let out = on_real!(what, [(h, s1, l1), (w, s2, l2)], self.fwd(h, w, n, d)?);
         Ok((out, (n, LPE_COLS).into()))
     }
 
@@ -1848,27 +1727,11 @@ impl CustomOp3 for HeadLogProbEntropyBwd {
             );
         }
         self.head.check(n, v, what)?;
-        let out = match (s1, s2, s3) {
-            (CpuStorage::F32(h), CpuStorage::F32(w), CpuStorage::F32(sg)) => {
-                CpuStorage::F32(self.head.bwd(
-                    contiguous(h, l1, what)?,
-                    contiguous(w, l2, what)?,
-                    contiguous(sg, l3, what)?,
-                    n,
-                    d,
-                )?)
-            }
-            (CpuStorage::F64(h), CpuStorage::F64(w), CpuStorage::F64(sg)) => {
-                CpuStorage::F64(self.head.bwd(
-                    contiguous(h, l1, what)?,
-                    contiguous(w, l2, what)?,
-                    contiguous(sg, l3, what)?,
-                    n,
-                    d,
-                )?)
-            }
-            _ => candle_core::bail!("{what}: f32 or f64 inputs of one dtype"),
-        };
+        let out = on_real!(
+            what,
+            [(h, s1, l1), (w, s2, l2), (sg, s3, l3)],
+            self.head.bwd(h, w, sg, n, d)?
+        );
         let len = n * d + if self.head.head_grad { v * d } else { 0 };
         Ok((out, len.into()))
     }
@@ -1953,11 +1816,7 @@ impl CustomOp1 for ToHeadsFirst {
         if self.groups == 0 || heads % self.groups != 0 {
             candle_core::bail!("{what}: {heads} heads in {} groups", self.groups);
         }
-        let out = match s {
-            CpuStorage::F32(x) => CpuStorage::F32(self.fwd(contiguous(x, l, what)?, heads, hd)),
-            CpuStorage::F64(x) => CpuStorage::F64(self.fwd(contiguous(x, l, what)?, heads, hd)),
-            _ => candle_core::bail!("{what}: only f32 and f64 are supported"),
-        };
+        let out = on_real!(what, [(x, s, l)], self.fwd(x, heads, hd));
         let rows = heads / self.groups * self.map.t;
         Ok((out, (self.map.spans.len(), self.groups, rows, hd).into()))
     }
@@ -2033,11 +1892,7 @@ impl CustomOp1 for FromHeadsFirst {
         if l.shape().elem_count() != want {
             candle_core::bail!("{what}: {:?} is not {want} elements", l.shape());
         }
-        let out = match s {
-            CpuStorage::F32(y) => CpuStorage::F32(self.fwd(contiguous(y, l, what)?, n)),
-            CpuStorage::F64(y) => CpuStorage::F64(self.fwd(contiguous(y, l, what)?, n)),
-            _ => candle_core::bail!("{what}: only f32 and f64 are supported"),
-        };
+        let out = on_real!(what, [(y, s, l)], self.fwd(y, n));
         Ok((out, (n, self.heads * self.hd).into()))
     }
 

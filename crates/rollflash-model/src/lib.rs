@@ -63,3 +63,21 @@ pub mod train;
 pub mod weights;
 
 pub use error::{ModelError, Result};
+
+/// The instruction set this build's CPU kernels (gemm's matmuls and this crate's own) run with
+/// on this machine: `"avx512"` where the CPU has AVX-512 and the `avx512` feature is built in,
+/// `"avx2"` on x86-64 with AVX2 and FMA, else `"baseline"`. Benchmarks print it, because the
+/// same build runs different kernels on the pool's AVX-512 and AVX2-only machines.
+pub fn cpu_kernels() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[cfg(feature = "avx512")]
+        if pulp::x86::V4::try_new().is_some() {
+            return "avx512";
+        }
+        if pulp::x86::V3::try_new().is_some() {
+            return "avx2";
+        }
+    }
+    "baseline"
+}

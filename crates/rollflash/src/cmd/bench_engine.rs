@@ -83,10 +83,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     };
     println!(
-        "model: {name} ({:?}, {:.1} M params), threads: {}",
+        "model: {name} ({:?}, {:.1} M params), threads: {}, cpu kernels: {}",
         cfg.arch,
         cfg.num_parameters() as f64 / 1e6,
-        a.threads
+        a.threads,
+        rollflash_model::cpu_kernels()
     );
     let model = Arc::new(rollflash_model::model::Transformer::from_weights(
         &cfg, &weights, dtype, &device,
