@@ -167,6 +167,21 @@ fn for_blocks<T: Real, R: Send>(
     }
 }
 
+/// Runs `work((i, chunk))` on each `step`-element chunk of `out`: over the current rayon pool
+/// when the kernel reads at least `PAR_MIN` elements (`work_len`), else on this thread.
+fn each_chunk<T: Send>(
+    out: &mut [T],
+    step: usize,
+    work_len: usize,
+    work: impl Fn((usize, &mut [T])) + Sync + Send,
+) {
+    if work_len < PAR_MIN {
+        out.chunks_mut(step).enumerate().for_each(work);
+    } else {
+        out.par_chunks_mut(step).enumerate().for_each(work);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // RMSNorm
 
@@ -596,11 +611,7 @@ impl SoftmaxBwd {
                 }
             }
         };
-        if y.len() < PAR_MIN {
-            out.chunks_mut(step).enumerate().for_each(work);
-        } else {
-            out.par_chunks_mut(step).enumerate().for_each(work);
-        }
+        each_chunk(&mut out, step, y.len(), work);
         out
     }
 }
@@ -1329,11 +1340,7 @@ impl LogProbEntropy {
                 o,
             );
         };
-        if data.len() < PAR_MIN {
-            out.chunks_mut(LPE_COLS).enumerate().for_each(work);
-        } else {
-            out.par_chunks_mut(LPE_COLS).enumerate().for_each(work);
-        }
+        each_chunk(&mut out, LPE_COLS, data.len(), work);
         Ok(out)
     }
 }
@@ -1427,11 +1434,7 @@ impl LogProbEntropyBwd {
             let t = self.targets[i] as usize;
             o[t] += g_lp * inv_t;
         };
-        if data.len() < PAR_MIN {
-            out.chunks_mut(v).enumerate().for_each(work);
-        } else {
-            out.par_chunks_mut(v).enumerate().for_each(work);
-        }
+        each_chunk(&mut out, v, data.len(), work);
         out
     }
 }
@@ -1793,11 +1796,8 @@ impl ToHeadsFirst {
                 o.copy_from_slice(&x[(r * heads + h) * hd..(r * heads + h + 1) * hd]);
             }
         };
-        if out.len() < PAR_MIN {
-            out.chunks_mut(t * hd).enumerate().for_each(work);
-        } else {
-            out.par_chunks_mut(t * hd).enumerate().for_each(work);
-        }
+        let work_len = out.len();
+        each_chunk(&mut out, t * hd, work_len, work);
         out
     }
 }
