@@ -242,7 +242,7 @@ impl<T: Real> pulp::WithSimd for Head<'_, T> {
             }
             let mut sum = T::zero();
             for s in scores.iter_mut() {
-                *s = (*s - max).exp();
+                *s = (*s - max).exp_vec();
                 sum += *s;
             }
             let or = &mut o[r * hd..(r + 1) * hd];
