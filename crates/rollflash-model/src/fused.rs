@@ -120,7 +120,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 0.5;
     let e = p * (r * r) + r + 1.0;
     // 2^n as two factors 2^⌊n/2⌋ · 2^⌈n/2⌉, each a normal number for n ∈ [−126, 128]: at the
     // top (n = 128, x > 127.5 ln 2) 2^n alone would already be +∞ although e^x is not. Each
