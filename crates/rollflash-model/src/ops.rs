@@ -343,8 +343,9 @@ mod tests {
         }
     }
 
-    /// In f32 the fused kernels give exactly what candle's inference kernels give (same
-    /// arithmetic in the same order), so engine log-probs are unchanged by the fusion.
+    /// In f32 the fused RMSNorm and rotary give exactly what candle's inference kernels give
+    /// (same arithmetic in the same order); SwiGLU differs only by its vectorised `exp` (within
+    /// 2 ulp of libm's), so within 4 ulp of `silu(gate) * up` here.
     #[test]
     fn fused_kernels_equal_candles_inference_kernels_in_f32() {
         let t = |n: usize, shape: &[usize], seed: usize| {
@@ -381,7 +382,12 @@ mod tests {
         );
         let g = t(300, &[30, 10], 3);
         let u = t(300, &[30, 10], 4);
-        same(swiglu(&g, &u).unwrap(), swiglu_composed(&g, &u).unwrap());
+        let fused = swiglu(&g, &u).unwrap().to_vec2::<f32>().unwrap();
+        let candle = swiglu_composed(&g, &u).unwrap().to_vec2::<f32>().unwrap();
+        for (a, b) in fused.iter().flatten().zip(candle.iter().flatten()) {
+            let ulps = (a.to_bits() as i64 - b.to_bits() as i64).abs();
+            assert!(ulps <= 4, "{a} vs {b}: {ulps} ulp");
+        }
     }
 
     /// The training softmax and the composed one agree on values and gradients (f64, 1e-12),
