@@ -3,15 +3,15 @@
 //! that recomputes the probabilities in its backward pass), and the log-prob/entropy of the
 //! logits (alone, or with the output layer over blocks of rows).
 //!
-//! Each is one pass over memory forward and one backward, where the composed candle ops are
-//! 3–8 passes each way (plus their intermediate tensors). The same forward kernel serves
-//! inference and training, so the engine's log-probs and the training forward's agree by
-//! construction; the arithmetic per element is the one of candle's inference kernels
-//! (`candle_nn::ops::rms_norm`, `rotary_emb::rope`, `silu(gate) * up`), in the same order,
-//! except that the exponentials of SwiGLU and of the attention softmax are [`exp_f32`]'s in
-//! f32 (within 2 ulp of libm's; a vector loop where `expf` was a call per element) and their
-//! rows' sums and maxima run over sixteen lanes. f32 and f64 only (f64 for the finite-difference tests); other dtypes and other devices use
-//! the composed ops ([`crate::ops`]).
+//! Each is one pass over memory forward and one backward, where the composed candle ops are 3–8
+//! passes each way (plus their intermediate tensors). The same forward kernel serves inference and
+//! training, so the engine's log-probs and the training forward's agree by construction; the
+//! arithmetic per element is the one of candle's inference kernels (`candle_nn::ops::rms_norm`,
+//! `rotary_emb::rope`, `silu(gate) * up`), in the same order, except that the exponentials of
+//! SwiGLU and of the attention softmax are [`exp_f32`]'s in f32 (within 2 ulp of libm's; a vector
+//! loop where `expf` was a call per element) and their rows' sums and maxima run over sixteen
+//! lanes. f32 and f64 only (f64 for the finite-difference tests); other dtypes and other devices
+//! use the composed ops ([`crate::ops`]).
 //!
 //! Rows are split over the current rayon pool in fixed blocks, and partial sums (the RMSNorm
 //! weight gradient) are added in block order, so results do not depend on the thread count.
@@ -515,8 +515,9 @@ impl CustomOp3 for Rope {
 // SwiGLU
 
 /// `silu(gate) · up` with `silu(v) = v / (1 + e^{−v})` (candle's formula; `e^{−v}` from
-/// [`Real::exp_vec`], so within 2 ulp of candle's in f32 and the loop vectorises). The engine
-/// and the training forward share this kernel, so their results agree exactly. Backward: `∂/∂up = g · silu(gate)`, `∂/∂gate = g · up · σ(gate) (1 + gate (1 − σ(gate)))`.
+/// [`Real::exp_vec`], so within 2 ulp of candle's in f32 and the loop vectorises). The engine and
+/// the training forward share this kernel, so their results agree exactly. Backward: `∂/∂up = g ·
+/// silu(gate)`, `∂/∂gate = g · up · σ(gate) (1 + gate (1 − σ(gate)))`.
 pub(crate) struct SwiGlu;
 
 #[inline(always)]
@@ -815,13 +816,13 @@ impl CausalMask {
     }
 }
 
-/// `softmax(scale · s)` of one row's visible raw scores, in place, in the composed training
-/// ops' steps — the product `s · scale` in `T` (candle's `affine`), the max, the `exp` of the
-/// shifted entries, their sum in `T`, the division ([`SoftmaxLastDim`]) — with the `exp` of
-/// [`Real::exp_vec`], the max over [`max_lanes`] and the sum over [`sum_lanes`]: inlined into [`SoftmaxRows`]' dispatch,
-/// the row runs in AVX2/AVX-512 vectors, where libm's `expf` per entry was a sixth of the
-/// training step. The hidden keys are left out, as the `−∞` of the composed mask adds nothing
-/// to the sum.
+/// `softmax(scale · s)` of one row's visible raw scores, in place, in the composed training ops'
+/// steps — the product `s · scale` in `T` (candle's `affine`), the max, the `exp` of the shifted
+/// entries, their sum in `T`, the division ([`SoftmaxLastDim`]) — with the `exp` of
+/// [`Real::exp_vec`], the max over [`max_lanes`] and the sum over [`sum_lanes`]: inlined into
+/// [`SoftmaxRows`]' dispatch, the row runs in AVX2/AVX-512 vectors (with libm's `expf` per
+/// entry, this softmax was about 15 % of the default model's training step). The hidden keys are left out, as the `−∞` of the composed mask
+/// adds nothing to the sum.
 #[inline(always)]
 fn causal_softmax_row<T: Real>(y: &mut [T], scale: T) {
     for y in y.iter_mut() {
@@ -985,14 +986,14 @@ const ATTN_PAR_MIN: usize = 1 << 16;
 /// `k, v [.., keys, hd]` (the same leading dimensions, one kv head each). Output: `[.., rows,
 /// hd]` like `q`.
 ///
-/// The composed ops (`q · kᵀ`, the masked softmax, `· v`) keep the raw scores and the
-/// probabilities — two `[rows, keys]` tensors per kv head and layer — alive until the backward
-/// pass ends; this op keeps only its inputs and output and recomputes the probabilities in the
-/// backward pass (flash-attention style; [`FusedAttentionBwd`]). Its per-row arithmetic is the
-/// composed training ops': the scores from gemm, then [`causal_softmax_row`], then gemm, so
-/// the two agree to rounding (the sums' order, and [`exp_f32`]'s 2 ulp in f32). Work is split by query head
-/// (and, in the backward pass, each kv group's heads are summed after, in head order), so
-/// results do not depend on the thread count.
+/// The composed ops (`q · kᵀ`, the masked softmax, `· v`) keep the raw scores and the probabilities
+/// — two `[rows, keys]` tensors per kv head and layer — alive until the backward pass ends; this op
+/// keeps only its inputs and output and recomputes the probabilities in the backward pass
+/// (flash-attention style; [`FusedAttentionBwd`]). Its per-row arithmetic is the composed training
+/// ops': the scores from gemm, then [`causal_softmax_row`], then gemm, so the two agree to rounding
+/// (the sums' order, and [`exp_f32`]'s 2 ulp in f32). Work is split by query head (and, in the
+/// backward pass, each kv group's heads are summed after, in head order), so results do not depend
+/// on the thread count.
 #[derive(Debug, Clone)]
 pub(crate) struct FusedAttention {
     pub scale: f64,
