@@ -841,23 +841,23 @@ fn causal_softmax_row<T: Real>(y: &mut [T], scale: T) {
     }
 }
 
-/// The rows of a block of attention probabilities (`width` apart): row `i`'s first `seen[i]`
+/// The rows of a block of attention probabilities (`width` apart): row `i`'s first `seen(i)`
 /// entries through [`causal_softmax_row`], the rest zeroed. Compiled once per instruction set
 /// and chosen at run time by `pulp`, as gemm chooses its kernels.
-struct SoftmaxRows<'a, T> {
+struct SoftmaxRows<'a, T, F> {
     p: &'a mut [T],
     width: usize,
-    seen: &'a [usize],
+    seen: F,
     scale: T,
 }
 
-impl<T: Real> pulp::WithSimd for SoftmaxRows<'_, T> {
+impl<T: Real, F: Fn(usize) -> usize> pulp::WithSimd for SoftmaxRows<'_, T, F> {
     type Output = ();
 
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _simd: S) {
-        for (row, &n) in self.p.chunks_mut(self.width).zip(self.seen) {
-            let (seen, hidden) = row.split_at_mut(n);
+        for (i, row) in self.p.chunks_mut(self.width).enumerate() {
+            let (seen, hidden) = row.split_at_mut((self.seen)(i));
             causal_softmax_row(seen, self.scale);
             hidden.fill(T::zero());
         }
@@ -1105,10 +1105,8 @@ impl FusedAttention {
         (r0, r1): (usize, usize),
         p: &mut [T],
     ) -> candle_core::Result<usize> {
-        let seen: Vec<usize> = (r0..r1)
-            .map(|i| self.mask.visible(x.row0 + i, x.rows, d.keys))
-            .collect();
-        let width = seen.iter().copied().max().unwrap_or(1);
+        let vis = |i: usize| self.mask.visible(x.row0 + i, x.rows, d.keys);
+        let width = (r0..r1).map(vis).max().unwrap_or(1);
         let p = &mut p[..(r1 - r0) * width];
         let hd = d.hd;
         matmul_into(
@@ -1134,7 +1132,7 @@ impl FusedAttention {
         pulp::Arch::new().dispatch(SoftmaxRows {
             p,
             width,
-            seen: &seen,
+            seen: |i| vis(r0 + i),
             scale: T::from_f64(self.scale),
         });
         Ok(width)
