@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use rollflash_core::buffer::Schedule;
 use rollflash_core::{FinishReason, GenOutput, GenRequest, PauseMode, PolicyVersion, RequestId};
 use rollflash_env::{Env, EnvError, Reset, Step};
 use rollflash_rollout::{Backend, BackendError, BackendLoad, Replication, WeightUpdate};
@@ -31,7 +32,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use rollflash_run::config::{ConfigError, TrainConfig};
 use rollflash_run::pipeline::PipelineError;
-use rollflash_run::plan::{task_seed, RunPlan};
+use rollflash_run::plan::RunPlan;
 use rollflash_run::stack::{self, Policy, Stack, StackHooks, WarmedUp, WrapEnv};
 use rollflash_trainer::learner::PolicyLearner;
 use rollflash_trainer::{AsyncController, RunReport, StopFlag};
@@ -737,31 +738,43 @@ async fn run_mode(
     policy: &Policy,
     repeat: usize,
 ) -> Result<Measurement, BenchError> {
-    let mut plan = base.clone();
-    let seed = plan.config.seed;
-    plan.controller.buffer.alpha = mode.alpha;
-    plan.controller.buffer.barrier = mode.alpha == 0.0;
-    if !mode.redundant {
-        plan.controller.redundancy = 0;
-    }
-    plan.replication = if mode.replicate {
-        Replication::Expand
-    } else {
-        Replication::PerRequest
-    };
-    // The same task stream and sampling in every mode of a repeat.
-    plan.env_manager.sampling.seed = Some(seed.wrapping_add(repeat as u64));
-    plan.controller.seed = task_seed(seed).wrapping_add(repeat as u64 * 1_000_000);
-    let r = &plan.config.rollout;
+    let plan = base
+        .clone()
+        .with_schedule(Schedule::from_alpha(mode.alpha))?
+        .with_redundancy(if mode.redundant {
+            base.controller().redundancy
+        } else {
+            0
+        })
+        .with_replication(if mode.replicate {
+            Replication::Expand
+        } else {
+            Replication::PerRequest
+        })
+        // The same task stream and sampling in every mode of a repeat.
+        .with_repeat(repeat);
+    // The wave's size is an engine's slots; the slot pool is every engine's.
+    let cap = plan
+        .backends()
+        .iter()
+        .map(|b| match b {
+            rollflash_run::plan::BackendPlan::Engine {
+                max_running_requests,
+                ..
+            } => *max_running_requests,
+            rollflash_run::plan::BackendPlan::Remote { .. } => 0,
+        })
+        .max()
+        .unwrap_or(1);
+    let slots_total = plan.engine_slots();
     let hooks = StackHooks {
         wrap_backend: (!mode.queue).then(|| {
-            let cap = r.max_running_requests;
             Box::new(move |b: Arc<dyn Backend>| {
                 Arc::new(WaveBackend::new(b, cap)) as Arc<dyn Backend>
             }) as Box<dyn Fn(Arc<dyn Backend>) -> Arc<dyn Backend> + Send + Sync>
         }),
         wrap_env: (!mode.env_async).then(|| {
-            let slots = Arc::new(Semaphore::new(r.engines * r.max_running_requests));
+            let slots = Arc::new(Semaphore::new(slots_total));
             Arc::new(move |inner: Box<dyn Env>| {
                 Box::new(SlotEnv {
                     inner,
@@ -774,16 +787,16 @@ async fn run_mode(
     };
     let model = policy.trainable(&plan)?;
     let stack = Stack::build_with(&plan, policy, &model, PolicyVersion(0), &hooks)?;
-    let learner = PolicyLearner::new(model, plan.learner.clone())?;
+    let learner = PolicyLearner::new(model, plan.learner().clone())?;
     let ctl = AsyncController::new(
-        plan.controller.clone(),
+        plan.controller().clone(),
         stack.proxy.handle(),
         stack.envs.clone(),
         Arc::clone(&stack.make),
         stack.version.clone(),
         learner,
     )?
-    .with_success_threshold(plan.success_threshold);
+    .with_success_threshold(plan.success_threshold());
     let outcome = ctl.run().await;
     // Shut the engines down whatever happened, then report.
     stack.proxy.shutdown().await?;

@@ -125,6 +125,41 @@ fn token_ids(v: &Option<serde_json::Value>) -> Vec<u32> {
 }
 
 impl ModelConfig {
+    /// The token ids generation stops on — the one rule every command uses (`train`, `eval`,
+    /// `serve`, `generate`, calibration): every end-of-sequence id the model lists
+    /// (`config.json`'s `eos_token_id`, with `generation_config.json`'s merged in by
+    /// [`crate::hf::load_config`]), then the tokenizer's own end-of-sequence token. A chat
+    /// model's turn often ends in an id other than the tokenizer's (Llama-3-Instruct's
+    /// `<|eot_id|>`), which is why the tokenizer's alone is not enough; transformers' and
+    /// vLLM's `generate` stop on the same set.
+    pub fn stop_tokens(&self, tokenizer: Option<&crate::tokenizer::Tokenizer>) -> Vec<u32> {
+        let mut ids = self.eos_token_ids.clone();
+        ids.extend(tokenizer.and_then(crate::tokenizer::Tokenizer::eos_token_id));
+        let mut seen = std::collections::HashSet::new();
+        ids.retain(|id| seen.insert(*id));
+        ids
+    }
+
+    /// Adds the end-of-sequence ids of a `generation_config.json` text (where
+    /// transformers' and vLLM's `generate` read them) to [`ModelConfig::eos_token_ids`], after
+    /// `config.json`'s own.
+    pub fn merge_generation_config(&mut self, text: &str) -> Result<()> {
+        #[derive(Deserialize)]
+        struct Gen {
+            eos_token_id: Option<serde_json::Value>,
+        }
+        let g: Gen = serde_json::from_str(text).map_err(|e| ModelError::Config {
+            field: "generation_config.json".into(),
+            reason: e.to_string(),
+        })?;
+        for id in token_ids(&g.eos_token_id) {
+            if !self.eos_token_ids.contains(&id) {
+                self.eos_token_ids.push(id);
+            }
+        }
+        Ok(())
+    }
+
     /// Parses a Hugging Face `config.json` text.
     pub fn from_hf_json(text: &str) -> Result<Self> {
         let hf: HfConfig = serde_json::from_str(text).map_err(|e| ModelError::Config {

@@ -42,10 +42,19 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig> {
             what: "model directory",
         });
     }
-    ModelConfig::from_hf_json(&read_text(
+    let mut cfg = ModelConfig::from_hf_json(&read_text(
         &dir.join("config.json"),
         "model config (config.json)",
-    )?)
+    )?)?;
+    // Where `generate` reads its stop ids (Llama-3-Instruct lists `<|eot_id|>` only there).
+    let gen = dir.join("generation_config.json");
+    if gen.exists() {
+        cfg.merge_generation_config(&read_text(
+            &gen,
+            "generation config (generation_config.json)",
+        )?)?;
+    }
+    Ok(cfg)
 }
 
 /// The safetensors files of a directory: `model.safetensors`, or the shards listed in

@@ -420,7 +420,11 @@ impl EnvManager {
             if turn + 1 == self.cfg.max_turns {
                 break;
             }
-            let stopped = out.finish_reason == FinishReason::Stop;
+            // The stop token the model ended its turn with (the last one it generated).
+            let stopped = (out.finish_reason == FinishReason::Stop)
+                .then(|| out.output.tokens.last().copied())
+                .flatten()
+                .filter(|t| self.cfg.sampling.stop_token_ids.contains(t));
             let obs =
                 match self.observation_tokens(&step.observation, &action, stopped, &mut messages) {
                     Ok(o) => o,
@@ -497,13 +501,13 @@ impl EnvManager {
         &self,
         observation: &str,
         action: &str,
-        stopped: bool,
+        stopped: Option<u32>,
         messages: &mut Vec<ChatMessage>,
     ) -> Result<Vec<u32>, String> {
         match &self.renderer {
             Renderer::Plain { separator } => {
                 let mut text = String::new();
-                if !stopped {
+                if stopped.is_none() {
                     text.push_str(separator);
                 }
                 text.push_str(observation);
@@ -523,12 +527,10 @@ impl EnvManager {
                     .strip_prefix(&before)
                     .and_then(|s| s.strip_prefix(action))
                     .unwrap_or("");
-                let closing = if stopped {
-                    let eos = self
-                        .tokenizer
-                        .eos_token_id()
-                        .and_then(|id| self.tokenizer.decode(&[id], false).ok())
-                        .unwrap_or_default();
+                let closing = if let Some(stop) = stopped {
+                    // Whichever stop id ended the turn (a chat model's end-of-turn token, not
+                    // always the tokenizer's end-of-sequence one).
+                    let eos = self.tokenizer.decode(&[stop], false).unwrap_or_default();
                     after_content
                         .strip_prefix(eos.as_str())
                         .unwrap_or(after_content)

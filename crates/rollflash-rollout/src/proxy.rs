@@ -327,7 +327,19 @@ impl std::fmt::Debug for ProxyHandle {
 /// The proxy: owns its task. Dropping it (and every handle) stops the task.
 pub struct LlmProxy {
     handle: ProxyHandle,
-    task: tokio::task::JoinHandle<()>,
+    /// `None` once [`LlmProxy::shutdown`] has joined it.
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for LlmProxy {
+    /// A proxy dropped without [`LlmProxy::shutdown`] (an error path, a panic) is aborted: its
+    /// task, and with it every backend it owns, does not outlive it even while handles to it
+    /// remain.
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
 }
 
 impl std::fmt::Debug for LlmProxy {
@@ -406,7 +418,7 @@ impl LlmProxy {
                 serving: serving_rx,
                 timeline: cfg.timeline.clone(),
             },
-            task,
+            task: Some(task),
         }
     }
 
@@ -417,14 +429,16 @@ impl LlmProxy {
 
     /// Aborts everything in flight (callers get their partial outputs), stops the task and
     /// returns the final counters.
-    pub async fn shutdown(self) -> Result<ProxyCounters, ProxyError> {
+    pub async fn shutdown(mut self) -> Result<ProxyCounters, ProxyError> {
         let (tx, rx) = oneshot::channel();
         self.handle
             .tx
             .send(Msg::Shutdown(tx))
             .map_err(|_| ProxyError::Shutdown)?;
         let counters = rx.await.map_err(|_| ProxyError::Shutdown)?;
-        let _ = self.task.await;
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
         Ok(counters)
     }
 }

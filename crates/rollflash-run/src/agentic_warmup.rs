@@ -6,15 +6,14 @@
 //! signal.
 
 use std::collections::VecDeque;
-use std::time::Instant;
 
 use rollflash_env::envs::frozen_lake::{Lake, Tile};
 use rollflash_env::envs::{Direction, FrozenLake, FrozenLakeConfig};
 use rollflash_env::Env;
 use rollflash_model::tokenizer::Tokenizer;
-use rollflash_model::train::{AdamW, OptimizerConfig, TrainableModel};
+use rollflash_model::train::TrainableModel;
 
-use crate::config::TrainConfig;
+use crate::plan::WarmupSettings;
 use crate::warmup::WarmupError;
 
 /// The first move of a shortest path from `state` to the goal that avoids holes, if one
@@ -119,67 +118,40 @@ pub async fn demonstration(
 /// Seeds of warm-up episodes: far from both the training seeds and evaluation's.
 const WARMUP_SEED_BASE: u64 = 1 << 44;
 
-/// Trains `model` on `cfg.warmup.steps` batches of `cfg.warmup.batch_size` optimal
-/// episodes.
+/// Trains `model` on `section.steps` batches of `section.batch_size` demonstrations (optimal
+/// moves, random ones with probability `random_move_prob`).
 pub async fn run(
     model: &TrainableModel,
     tok: &Tokenizer,
     lake_cfg: &FrozenLakeConfig,
-    cfg: &TrainConfig,
+    settings: &WarmupSettings,
     stop: &rollflash_trainer::StopFlag,
 ) -> Result<(), WarmupError> {
-    let w = &cfg.warmup;
-    let device = model.model().device().clone();
-    let mut opt = AdamW::new(OptimizerConfig {
-        lr: w.lr,
-        warmup_steps: w.steps / 20,
-        total_steps: w.steps,
-        ..Default::default()
-    });
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(cfg.train.threads.max(1) + cfg.rollout.engine_threads * cfg.rollout.engines)
-        .build()?;
-    let started = Instant::now();
-    crate::progress::println(format!(
-        "warm-up: {} supervised steps of {} FrozenLake episodes (optimal moves, random with probability {})",
-        w.steps, w.batch_size, w.random_move_prob
-    ));
-    let bar = crate::progress::PhaseBar::new("warm-up", w.steps as u64, "steps");
-    for step in 0..w.steps {
-        if stop.is_stopped() {
-            return Err(WarmupError::Interrupted);
-        }
+    let w = &settings.section;
+    let what = format!(
+        "{} FrozenLake episodes (optimal moves, random with probability {})",
+        w.batch_size, w.random_move_prob
+    );
+    crate::warmup::sft_loop(model, settings, &what, stop, |step| async move {
         let mut seqs = Vec::with_capacity(w.batch_size);
         let mut mask = Vec::new();
         for i in 0..w.batch_size {
             let seed = WARMUP_SEED_BASE
-                .wrapping_add(cfg.seed.wrapping_mul(1 << 32))
+                .wrapping_add(settings.seed.wrapping_mul(1 << 32))
                 .wrapping_add((step * w.batch_size + i) as u64);
             let d = demonstration(
                 lake_cfg,
                 tok,
                 seed,
-                cfg.rollout.max_turns,
-                cfg.rollout.max_total_tokens,
+                settings.max_turns,
+                settings.max_total_tokens,
                 w.random_move_prob,
             )
             .await?;
             mask.extend(d.mask);
             seqs.push(d.ids);
         }
-        let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-        let loss = tokio::task::block_in_place(|| {
-            pool.install(|| {
-                rollflash_trainer::supervised_step(model, &mut opt, &refs, &mask, &device)
-            })
-        })?;
-        bar.inc();
-        if step % 50 == 0 || step + 1 == w.steps {
-            crate::progress::println(format!(
-                "warm-up step {step:>4}  loss {loss:.4}  {:.0}s",
-                started.elapsed().as_secs_f64()
-            ));
-        }
-    }
-    Ok(())
+        Ok((seqs, mask))
+    })
+    .await
 }

@@ -122,6 +122,9 @@ pub enum PipelineError {
         filtered: u64,
         checkpoint: PathBuf,
     },
+    /// A phase asked for the rollout stack before it was built (a bug, reported).
+    #[error("the rollout stack is not running")]
+    NoStack,
     /// A stop was asked for (Ctrl-C, SIGTERM) before RL training started; nothing was
     /// trained, so nothing was saved.
     #[error("interrupted during {phase}; nothing to save yet")]
@@ -199,95 +202,178 @@ pub async fn run_with(cfg: TrainConfig, opts: RunOptions) -> Result<TrainSummary
     run_plan(RunPlan::new(cfg)?, opts).await
 }
 
-/// Runs a plan, resuming or serving metrics as `opts` asks.
+/// Runs a plan, resuming or serving metrics as `opts` asks: the phases [`prepare`] (output
+/// folder, Prometheus, environment check, policy, resume, warm-up, LoRA), [`start_rollout`],
+/// the evaluation before RL, [`train`], the evaluation after RL and [`finish`] (final
+/// checkpoint, summary, report), over a [`RunGuard`] that owns what runs beside the run, so
+/// that every exit — an error in any phase, a stop, a panic — shuts it down.
 pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummary, PipelineError> {
-    let cfg = &plan.config;
-    let device = &plan.placement.device;
-    std::fs::create_dir_all(&cfg.output_dir).map_err(|source| PipelineError::Io {
-        what: "cannot create output directory",
-        path: cfg.output_dir.clone(),
-        source,
-    })?;
-    let ckpt_root = checkpoint::root(&cfg.output_dir);
-    let live = opts.live.clone().unwrap_or_default();
-    // Bars (the evaluations' and the steps') only where the config wants them.
-    crate::progress::set_enabled(cfg.metrics.progress);
-    // The Prometheus endpoint is up with the run (a scraper sees it through the warm-up and
-    // the first evaluation, with zero steps); the proxy's numbers join once it exists.
-    let gauges: SharedGauges = Arc::default();
-    let prom = match opts.metrics_addr.or(plan.prometheus) {
-        Some(addr) => {
-            let s = PromServer::start(addr, Arc::clone(&gauges), None)
-                .await
-                .map_err(|source| PipelineError::Prometheus {
-                    addr: addr.to_string(),
-                    source,
-                })?;
-            println!("prometheus metrics at http://{}/metrics", s.addr());
-            if let Some(tx) = opts.metrics_bound.take() {
-                let _ = tx.send(s.addr());
+    let mut guard = RunGuard::new(opts.live.clone().unwrap_or_default());
+    let out = run_phases(&plan, &mut opts, &mut guard).await;
+    guard.close().await;
+    out
+}
+
+async fn run_phases(
+    plan: &RunPlan,
+    opts: &mut RunOptions,
+    guard: &mut RunGuard,
+) -> Result<TrainSummary, PipelineError> {
+    let (prepared, model) = prepare(plan, opts, guard).await?;
+    let timeline = start_rollout(plan, &prepared, &model, guard).await?;
+    guard.live.set_phase("evaluation before RL");
+    let eval_before = match &prepared.resumed {
+        Some(r) => r.state.eval_before,
+        None => {
+            let e = tokio::select! {
+                e = evaluate_both(plan, guard.stack()?) => e,
+                _ = opts.stop.stopped() => {
+                    return Err(PipelineError::Interrupted { phase: "the evaluation before RL" });
+                }
+            };
+            if let Some(e) = e {
+                println!("eval before RL: {}", describe_eval(&e));
             }
-            Some(s)
+            e
         }
-        None => None,
     };
-    // An environment server that is down stops the run here, before the warm-up.
-    if let Some(line) = stack::check_env(&plan).await? {
-        println!("{line}");
+    guard
+        .live
+        .set_eval_before(eval_before.and_then(|e| serde_json::to_value(e).ok()));
+    guard.live.set_phase("rl");
+    let trained = train(plan, opts, guard, &prepared, model, eval_before, timeline).await?;
+    // A run that stopped early (the user asked; or no backend served its weights) is not
+    // evaluated; it saves where it stopped so `--resume` continues from there.
+    let eval_after = if trained.report.end != RunEnd::Completed {
+        None
+    } else {
+        guard.live.set_phase("evaluation after RL");
+        // Every step ran; a stop now only skips the evaluation.
+        tokio::select! {
+            e = evaluate_both(plan, guard.stack()?) => e,
+            _ = opts.stop.stopped() => {
+                println!("evaluation after RL skipped: stop requested");
+                None
+            }
+        }
+    };
+    // Shut down here (not only in `close`) so that a failed shutdown is the run's error.
+    guard.shutdown_rollout().await?;
+    let out = finish(plan, prepared, trained, eval_before, eval_after).await;
+    guard.live.set_phase("done");
+    out
+}
+
+/// What runs beside a run: the Prometheus endpoint, the dashboard's view of it, and the
+/// rollout stack (engines, proxy, servers' clients). [`RunGuard::close`] shuts all of them
+/// down and is called on every return of [`run_plan`]; should a phase panic instead, `Drop`
+/// stops the endpoint and the proxy's [`Drop`](rollflash_rollout::LlmProxy) aborts its task
+/// and engines (mini-redis's drop guard).
+struct RunGuard {
+    prom: Option<PromServer>,
+    /// What the endpoint serves, updated by the step sink.
+    gauges: SharedGauges,
+    live: rollflash_dashboard::Live,
+    stack: Option<Stack>,
+}
+
+impl RunGuard {
+    fn new(live: rollflash_dashboard::Live) -> Self {
+        RunGuard {
+            prom: None,
+            gauges: Arc::default(),
+            live,
+            stack: None,
+        }
     }
 
-    // The policy: from a checkpoint when resuming (no warm-up: the checkpoint is past it).
+    /// The rollout stack; an error before [`start_rollout`] built it (a bug).
+    fn stack(&self) -> Result<&Stack, PipelineError> {
+        self.stack.as_ref().ok_or(PipelineError::NoStack)
+    }
+
+    /// Shuts the rollout stack down (the live view and the endpoint stop asking it first).
+    async fn shutdown_rollout(&mut self) -> Result<(), PipelineError> {
+        self.live.set_source(None);
+        if let Some(p) = &self.prom {
+            p.set_proxy(None);
+        }
+        if let Some(s) = self.stack.take() {
+            s.proxy.shutdown().await?;
+        }
+        Ok(())
+    }
+
+    /// Stops everything still running.
+    async fn close(&mut self) {
+        if let Err(e) = self.shutdown_rollout().await {
+            tracing::warn!(error = %e, "rollout shutdown at the end of the run");
+        }
+        if let Some(p) = self.prom.take() {
+            p.shutdown().await;
+        }
+    }
+}
+
+/// The run before its rollout starts: where it resumes from and its policy.
+struct Prepared {
+    resumed: Option<checkpoint::Loaded>,
+    policy: Policy,
+    /// Whether the weights LoRA trains on are the model directory's own (no warm-up changed
+    /// them): then the final adapter can name that directory as its base.
+    base_is_source: bool,
+    ckpt_root: PathBuf,
+}
+
+/// The output folder, the Prometheus endpoint (up through the warm-up and the first
+/// evaluation, with zero steps), the environment check, the policy (from a checkpoint when
+/// resuming, past the warm-up), the warm-up, and the LoRA adapters over the result.
+async fn prepare(
+    plan: &RunPlan,
+    opts: &mut RunOptions,
+    guard: &mut RunGuard,
+) -> Result<(Prepared, TrainableModel), PipelineError> {
+    let out = plan.output();
+    let device = &plan.placement().device;
+    std::fs::create_dir_all(&out.dir).map_err(|source| PipelineError::Io {
+        what: "cannot create output directory",
+        path: out.dir.clone(),
+        source,
+    })?;
+    let ckpt_root = checkpoint::root(&out.dir);
+    // Bars (the evaluations' and the steps') only where the config wants them.
+    crate::progress::set_enabled(out.metrics.progress);
+    if let Some(addr) = opts.metrics_addr.or(out.metrics.prometheus) {
+        let s = PromServer::start(addr, Arc::clone(&guard.gauges), None)
+            .await
+            .map_err(|source| PipelineError::Prometheus {
+                addr: addr.to_string(),
+                source,
+            })?;
+        println!("prometheus metrics at http://{}/metrics", s.addr());
+        if let Some(tx) = opts.metrics_bound.take() {
+            let _ = tx.send(s.addr());
+        }
+        guard.prom = Some(s);
+    }
+    // An environment server that is down stops the run here, before the warm-up.
+    if let Some(line) = stack::check_env(plan).await? {
+        println!("{line}");
+    }
     let resumed = match &opts.resume {
         Some(Resume::Latest) => Some(resume_latest(&ckpt_root, device)?),
         Some(Resume::Dir(d)) => Some(checkpoint::load(d, device)?),
         None => None,
     };
+    let mut policy = Policy::load(plan)?;
     if let Some(r) = &resumed {
-        for p in checkpoint::clear_partial(&ckpt_root) {
-            println!(
-                "removed {}: a checkpoint whose writing was cut short",
-                p.display()
-            );
-        }
-        if !r.verified {
-            println!(
-                "{}: written before checkpoints had checksums; not verified",
-                r.dir.display()
-            );
-        }
+        take_resumed(plan, &ckpt_root, r, &mut policy)?;
     }
-    let mut policy = Policy::load(&plan)?;
-    if let Some(r) = &resumed {
-        if r.state.seed != cfg.seed {
-            return Err(PipelineError::SeedMismatch {
-                dir: r.dir.clone(),
-                checkpoint: r.state.seed,
-                config: cfg.seed,
-            });
-        }
-        check_data(&plan, r)?;
-        policy.model_cfg = r.model_cfg.clone();
-        policy.weights = r.weights.clone();
-        println!(
-            "resuming from {} (step {}, version {})",
-            r.dir.display(),
-            r.state.cursor.steps_done,
-            r.state.cursor.version
-        );
-        if let Some(d) = &r.state.data {
-            println!(
-                "data: epoch {}, {} of {} rows given out; next {} {}",
-                d.epoch, d.offset, d.epoch_len, d.next_file, d.next_row
-            );
-        }
-    }
-    let mut model = policy.trainable(&plan)?;
-    // Whether the weights LoRA trains on are the model directory's own (no warm-up changed
-    // them): then the final adapter can name that directory as its base.
+    let mut model = policy.trainable(plan)?;
     let mut base_is_source = resumed.is_none();
     if resumed.is_none() {
-        live.set_phase("warm-up");
-        match stack::warm_up(&plan, &policy, &mut model, &opts.stop).await? {
+        guard.live.set_phase("warm-up");
+        match stack::warm_up(plan, &policy, &mut model, &opts.stop).await? {
             WarmedUp::Unsupported { env } => println!(
                 "warm-up: skipped (warm-up data exists for math and frozen_lake; env is `{env}`)"
             ),
@@ -309,7 +395,7 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
     }
     // LoRA: the warmed-up (or resumed) weights become the frozen base of the adapters.
     if let Some(r) = &resumed {
-        if plan.lora.is_some() && r.adapters.is_none() {
+        if plan.lora().is_some() && r.adapters.is_none() {
             return Err(stack::StackError::Lora(format!(
                 "{} holds no adapters (a full fine-tuning run); resume it without [train.lora]",
                 r.dir.display()
@@ -318,96 +404,134 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         }
     }
     let model = stack::adapt(
-        &plan,
+        plan,
         &policy,
         model,
         resumed.as_ref().and_then(|r| r.adapters.as_ref()),
     )?;
+    Ok((
+        Prepared {
+            resumed,
+            policy,
+            base_is_source,
+            ckpt_root,
+        },
+        model,
+    ))
+}
 
-    let start_version = resumed
+/// Checks a checkpoint against the plan (seed, data) and takes its weights; says what was
+/// cleaned up or could not be verified.
+fn take_resumed(
+    plan: &RunPlan,
+    ckpt_root: &Path,
+    r: &checkpoint::Loaded,
+    policy: &mut Policy,
+) -> Result<(), PipelineError> {
+    for p in checkpoint::clear_partial(ckpt_root) {
+        println!(
+            "removed {}: a checkpoint whose writing was cut short",
+            p.display()
+        );
+    }
+    if !r.verified {
+        println!(
+            "{}: written before checkpoints had checksums; not verified",
+            r.dir.display()
+        );
+    }
+    if r.state.seed != plan.seed() {
+        return Err(PipelineError::SeedMismatch {
+            dir: r.dir.clone(),
+            checkpoint: r.state.seed,
+            config: plan.seed(),
+        });
+    }
+    check_data(plan, r)?;
+    policy.model_cfg = r.model_cfg.clone();
+    policy.weights = r.weights.clone();
+    println!(
+        "resuming from {} (step {}, version {})",
+        r.dir.display(),
+        r.state.cursor.steps_done,
+        r.state.cursor.version
+    );
+    if let Some(d) = &r.state.data {
+        println!(
+            "data: epoch {}, {} of {} rows given out; next {} {}",
+            d.epoch, d.offset, d.epoch_len, d.next_file, d.next_row
+        );
+    }
+    Ok(())
+}
+
+/// Builds the rollout stack into the guard, checks every server and gives it the starting
+/// weights before anything is generated, and shows it to the dashboard and Prometheus.
+/// Returns the dashboard's timeline (the proxy's and the trainer's bars).
+async fn start_rollout(
+    plan: &RunPlan,
+    p: &Prepared,
+    model: &TrainableModel,
+    guard: &mut RunGuard,
+) -> Result<rollflash_rollout::Timeline, PipelineError> {
+    let start_version = p
+        .resumed
         .as_ref()
         .map_or(PolicyVersion(0), |r| r.state.cursor.version);
-    // What the dashboard reads: the timeline (the proxy's and the trainer's bars) and a few
-    // trajectories of every batch; both continue a resumed run's files.
-    let timeline = crate::dashboard::timeline(&cfg.output_dir, resumed.is_some())?;
+    let timeline = crate::dashboard::timeline(&plan.output().dir, p.resumed.is_some())?;
     let hooks = stack::StackHooks {
         timeline: Some(timeline.clone()),
         ..Default::default()
     };
-    let rollout = Stack::build_with(&plan, &policy, &model, start_version, &hooks)?;
-    // Every server checked and given the starting weights before anything is generated.
-    rollout.connect(&policy).await?;
-    let threshold = plan.success_threshold;
-    live.set_source(Some(Arc::new(crate::dashboard::ProxyLive(
-        rollout.proxy.handle(),
-    ))));
-    if let Some(p) = &prom {
-        p.set_proxy(Some(rollout.proxy.handle()));
+    let stack = guard.stack.insert(Stack::build_with(
+        plan,
+        &p.policy,
+        model,
+        start_version,
+        &hooks,
+    )?);
+    stack.connect(&p.policy).await?;
+    let proxy = stack.proxy.handle();
+    guard
+        .live
+        .set_source(Some(Arc::new(crate::dashboard::ProxyLive(proxy.clone()))));
+    if let Some(prom) = &guard.prom {
+        prom.set_proxy(Some(proxy));
     }
-    live.set_phase("evaluation before RL");
+    Ok(timeline)
+}
 
-    let eval_before = match &resumed {
-        Some(r) => r.state.eval_before,
-        None => {
-            let e = tokio::select! {
-                e = evaluate_both(&plan, &rollout) => e,
-                _ = opts.stop.stopped() => {
-                    let _ = rollout.proxy.shutdown().await;
-                    return Err(PipelineError::Interrupted { phase: "the evaluation before RL" });
-                }
-            };
-            if let Some(e) = e {
-                println!("eval before RL: {}", describe_eval(&e));
-            }
-            e
-        }
-    };
-    let eval_before_at = crate::tensorboard::unix_now();
-    live.set_eval_before(eval_before.and_then(|e| serde_json::to_value(e).ok()));
-    live.set_phase("rl");
+/// What the RL phase left: the controller's report, the learner (at the last published
+/// version), and the sink with its metrics file, checkpointer and TensorBoard writer.
+struct Trained {
+    report: RunReport,
+    learner: Option<PolicyLearner>,
+    sink: RunSink,
+}
 
-    // Metrics: the file (with the resumed checkpoint's records first), the progress bar,
-    // the Prometheus endpoint.
-    let metrics_path = cfg.output_dir.join("metrics.jsonl");
-    let prefix = resumed
-        .as_ref()
-        .map(|r| r.metrics.clone())
-        .unwrap_or_default();
-    if let Some(r) = &resumed {
-        // Steps after the checkpoint (and a line cut short by a kill) are replaced by the
-        // resumed run's own; say how many.
-        let had = crate::metrics::count_lines(&metrics_path);
-        if had > prefix.len() {
-            println!(
-                "metrics.jsonl: {} record(s) after step {} dropped (written after the \
-                 checkpoint; the resumed run writes its own)",
-                had - prefix.len(),
-                r.state.cursor.steps_done
-            );
-        }
-    }
-    let log = MetricsLog::create(&metrics_path, &prefix)?;
-    let done_before = resumed.as_ref().map_or(0, |r| r.state.cursor.steps_done);
-    let progress = Progress::new(cfg.train.steps, done_before, cfg.metrics.progress);
-    let tensorboard = if cfg.metrics.tensorboard {
-        let mut w = open_tensorboard(&cfg.output_dir, resumed.is_some(), done_before)?;
-        // The evaluation before RL at step 0, beside the first step's rollouts of the same
-        // policy; a resumed run's is in the file it continues (unless it resumes at 0).
-        if let (0, Some(e)) = (done_before, &eval_before) {
-            w.scalars(0, eval_before_at, &crate::tensorboard::eval_scalars(e))?;
-        }
-        Some(w)
-    } else {
-        None
-    };
-
-    // The learner, with the optimizer's moments and schedule position when resuming.
-    let opt_cfg = plan.learner.optimizer.clone();
-    let mut learner = PolicyLearner::new(model, plan.learner.clone())?;
-    if let Some(r) = &resumed {
-        learner.set_optimizer(r.optimizer(opt_cfg)?);
+/// The RL phase: metrics (the file, with the resumed checkpoint's records first; the progress
+/// bar; TensorBoard), the learner (with the checkpoint's optimizer and running statistics),
+/// and the controller over the guard's stack.
+async fn train(
+    plan: &RunPlan,
+    opts: &RunOptions,
+    guard: &RunGuard,
+    p: &Prepared,
+    model: TrainableModel,
+    eval_before: Option<EvalResult>,
+    timeline: rollflash_rollout::Timeline,
+) -> Result<Trained, PipelineError> {
+    let resumed = p.resumed.as_ref();
+    let rollout = guard.stack()?;
+    let mut sink = RunSink::open(plan, p, Arc::clone(&guard.gauges), eval_before)?;
+    let mut learner = PolicyLearner::new(model, plan.learner().clone())?;
+    if let Some(r) = resumed {
+        learner.set_optimizer(r.optimizer(plan.learner().optimizer.clone())?);
         // ROLL's running reward statistics continue where the checkpoint left them.
-        match (r.state.reward_running, plan.learner.shaping.uses_running()) {
+        match (
+            r.state.reward_running,
+            plan.learner().shaping.uses_running(),
+        ) {
             (Some(m), true) => learner.set_running_moments(m.moments())?,
             (None, true) if r.state.cursor.steps_done > 0 => eprintln!(
                 "checkpoint {} holds no running reward statistics (running normalisation \
@@ -418,87 +542,48 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         }
     }
     let mut ctl = AsyncController::new(
-        plan.controller.clone(),
+        plan.controller().clone(),
         rollout.proxy.handle(),
         rollout.envs.clone(),
         Arc::clone(&rollout.make),
         rollout.version.clone(),
         learner,
     )?
-    .with_success_threshold(threshold)
+    .with_success_threshold(plan.success_threshold())
     .with_stop(opts.stop.clone())
     .with_timeline(timeline);
-    if let Some(r) = &resumed {
+    if let Some(r) = resumed {
         ctl = ctl.resume_from(ResumeFrom {
             cursor: r.state.cursor,
             accounting: r.state.accounting,
         });
     }
-    let checkpointer = (cfg.checkpoint.every > 0).then(|| {
-        Checkpointer::new(
-            ckpt_root.clone(),
-            cfg.checkpoint.keep,
-            policy.model_cfg.clone(),
-            Arc::clone(&policy.tokenizer),
-        )
-    });
-    let mut sink = RunSink {
-        log,
-        progress,
-        gauges,
-        checkpointer,
-        every: cfg.checkpoint.every,
-        seed: cfg.seed,
-        elapsed_before: resumed.as_ref().map_or(0.0, |r| r.state.elapsed_s),
-        eval_before,
-        data: plan.data.clone(),
-        on_checkpoint_error: cfg.checkpoint.on_error,
-        checkpoints_skipped: 0,
-        tensorboard,
-        trajectories: crate::dashboard::TrajectorySampler::create(
-            &cfg.output_dir,
-            resumed.is_some(),
-            plan.dashboard.trajectories_per_step,
-            plan.dashboard.trajectories_max_bytes,
-            Arc::clone(&policy.tokenizer),
-        )?,
-        lengths: None,
-    };
     let outcome = ctl.run_with_sink(&mut sink).await;
     sink.progress.finish();
-    let (report, learner) = match outcome {
-        Ok(x) => x,
-        Err(e) => {
-            if let Some(p) = prom {
-                p.shutdown().await;
-            }
-            live.set_source(None);
-            let _ = rollout.proxy.shutdown().await;
-            return Err(e.into());
-        }
-    };
+    let (report, learner) = outcome?;
+    Ok(Trained {
+        report,
+        learner,
+        sink,
+    })
+}
 
-    // A run that stopped early (the user asked; or no backend served its weights) is not
-    // evaluated; it saves where it stopped so `--resume` continues from there.
-    let stopped_early = report.end != RunEnd::Completed;
-    let eval_after = if stopped_early {
-        None
-    } else {
-        live.set_phase("evaluation after RL");
-        // Every step ran; a stop now only skips the evaluation.
-        tokio::select! {
-            e = evaluate_both(&plan, &rollout) => e,
-            _ = opts.stop.stopped() => {
-                println!("evaluation after RL skipped: stop requested");
-                None
-            }
-        }
-    };
-    if let Some(p) = prom {
-        p.shutdown().await;
-    }
-    live.set_source(None);
-    rollout.proxy.shutdown().await?;
+/// The end of a run: the evaluation after RL in TensorBoard, the final weights (or, for a run
+/// that stopped early, the resumable checkpoint of where it stopped), `summary.json`, the
+/// report, and the run's end as its result.
+async fn finish(
+    plan: &RunPlan,
+    p: Prepared,
+    t: Trained,
+    eval_before: Option<EvalResult>,
+    eval_after: Option<EvalResult>,
+) -> Result<TrainSummary, PipelineError> {
+    let out = plan.output();
+    let Trained {
+        report,
+        learner,
+        mut sink,
+    } = t;
     // The evaluation after RL at the step after the last: the policy every step trained.
     if let (Some(tb), Some(e)) = (sink.tensorboard.as_mut(), &eval_after) {
         tb.scalars(
@@ -507,15 +592,14 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
             &crate::tensorboard::eval_scalars(e),
         )?;
     }
-
-    let final_dir = if stopped_early {
+    let final_dir = if report.end != RunEnd::Completed {
         let c = match sink.checkpointer.take() {
             Some(c) => c,
             None => Checkpointer::new(
-                ckpt_root.clone(),
-                cfg.checkpoint.keep,
-                policy.model_cfg.clone(),
-                Arc::clone(&policy.tokenizer),
+                p.ckpt_root.clone(),
+                out.checkpoint.keep,
+                p.policy.model_cfg.clone(),
+                Arc::clone(&p.policy.tokenizer),
             ),
         };
         match &learner {
@@ -524,7 +608,7 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
                     report.cursor,
                     report.accounting,
                     l.optimizer().steps_taken(),
-                    cfg.seed,
+                    plan.seed(),
                     sink.elapsed_before + report.wall.as_secs_f64(),
                     eval_before,
                 )
@@ -532,19 +616,19 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
                 .with_running(l.running_moments());
                 c.save(l, &state, sink.log.path())?
             }
-            None => ckpt_root.clone(),
+            None => p.ckpt_root.clone(),
         }
     } else {
-        let final_dir = cfg.output_dir.join("final");
+        let final_dir = out.dir.join("final");
         if let Some(l) = &learner {
-            save_final(&plan, &policy, l.model(), &final_dir, base_is_source)?;
+            save_final(plan, &p.policy, l.model(), &final_dir, p.base_is_source)?;
         }
         final_dir
     };
     crate::report::write_summary(
-        &cfg.output_dir,
+        &out.dir,
         &RunSummary {
-            env: cfg.env.name().to_string(),
+            env: plan.env().name().to_string(),
             alpha: plan.alpha(),
             sync: plan.sync(),
             steps: report.cursor.steps_done,
@@ -558,12 +642,11 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
             interrupted: report.interrupted,
         },
     )?;
-    let report_path = if cfg.metrics.report {
-        Some(crate::report::write(&cfg.output_dir)?)
+    let report_path = if out.metrics.report {
+        Some(crate::report::write(&out.dir)?)
     } else {
         None
     };
-    live.set_phase("done");
     match report.end {
         RunEnd::Stalled { version, waited } => {
             return Err(PipelineError::Stalled {
@@ -596,7 +679,7 @@ pub async fn run_plan(plan: RunPlan, mut opts: RunOptions) -> Result<TrainSummar
         interrupted: report.interrupted,
         report,
         checkpoint: final_dir,
-        resumed_from: resumed.map(|r| r.dir),
+        resumed_from: p.resumed.map(|r| r.dir),
         report_path,
     })
 }
@@ -683,6 +766,85 @@ struct RunSink {
     lengths: Option<(f64, usize)>,
 }
 
+impl RunSink {
+    /// The sink of a run: `metrics.jsonl` (a resumed run's records first, later ones dropped
+    /// and counted), the progress bar, TensorBoard (with the evaluation before RL at step 0),
+    /// the checkpointer and the dashboard's trajectory sampler.
+    fn open(
+        plan: &RunPlan,
+        p: &Prepared,
+        gauges: SharedGauges,
+        eval_before: Option<EvalResult>,
+    ) -> Result<RunSink, PipelineError> {
+        let out = plan.output();
+        let resumed = p.resumed.as_ref();
+        let metrics_path = out.dir.join("metrics.jsonl");
+        let prefix = resumed.map(|r| r.metrics.clone()).unwrap_or_default();
+        if let Some(r) = resumed {
+            // Steps after the checkpoint (and a line cut short by a kill) are replaced by the
+            // resumed run's own; say how many.
+            let had = crate::metrics::count_lines(&metrics_path);
+            if had > prefix.len() {
+                println!(
+                    "metrics.jsonl: {} record(s) after step {} dropped (written after the \
+                     checkpoint; the resumed run writes its own)",
+                    had - prefix.len(),
+                    r.state.cursor.steps_done
+                );
+            }
+        }
+        let log = MetricsLog::create(&metrics_path, &prefix)?;
+        let done_before = resumed.map_or(0, |r| r.state.cursor.steps_done);
+        let progress = Progress::new(plan.controller().steps, done_before, out.metrics.progress);
+        let tensorboard = if out.metrics.tensorboard {
+            let mut w = open_tensorboard(&out.dir, resumed.is_some(), done_before)?;
+            // The evaluation before RL at step 0, beside the first step's rollouts of the same
+            // policy; a resumed run's is in the file it continues (unless it resumes at 0).
+            if let (0, Some(e)) = (done_before, &eval_before) {
+                w.scalars(
+                    0,
+                    crate::tensorboard::unix_now(),
+                    &crate::tensorboard::eval_scalars(e),
+                )?;
+            }
+            Some(w)
+        } else {
+            None
+        };
+        let ck = out.checkpoint;
+        let checkpointer = (ck.every > 0).then(|| {
+            Checkpointer::new(
+                p.ckpt_root.clone(),
+                ck.keep,
+                p.policy.model_cfg.clone(),
+                Arc::clone(&p.policy.tokenizer),
+            )
+        });
+        Ok(RunSink {
+            log,
+            progress,
+            gauges,
+            checkpointer,
+            every: ck.every,
+            seed: plan.seed(),
+            elapsed_before: resumed.map_or(0.0, |r| r.state.elapsed_s),
+            eval_before,
+            data: plan.data().cloned(),
+            on_checkpoint_error: ck.on_error,
+            checkpoints_skipped: 0,
+            tensorboard,
+            trajectories: crate::dashboard::TrajectorySampler::create(
+                &out.dir,
+                resumed.is_some(),
+                plan.dashboard().trajectories_per_step,
+                plan.dashboard().trajectories_max_bytes,
+                Arc::clone(&p.policy.tokenizer),
+            )?,
+            lengths: None,
+        })
+    }
+}
+
 /// The data cursor at `cursor` of a dataset run (`None` for generated tasks). The data was
 /// loaded and checked at config load, so this cannot fail in practice; if it did, the
 /// checkpoint is still written without one (a resume then refuses it, naming why).
@@ -702,7 +864,7 @@ fn check_data(plan: &RunPlan, r: &checkpoint::Loaded) -> Result<(), PipelineErro
         reason,
         source,
     };
-    match (&plan.data, &r.state.data) {
+    match (plan.data(), &r.state.data) {
         (None, None) => Ok(()),
         (Some(d), Some(saved)) => d
             .check_resume(saved, r.state.cursor.next_seed)
@@ -718,7 +880,7 @@ fn check_data(plan: &RunPlan, r: &checkpoint::Loaded) -> Result<(), PipelineErro
                 "it was written by a dataset run (next row {} {}); this config's task is `{}`",
                 saved.next_file,
                 saved.next_row,
-                plan.config.env.name()
+                plan.env().name()
             ),
             None,
         )),
@@ -798,17 +960,17 @@ async fn evaluate_both(plan: &RunPlan, rollout: &Stack) -> Option<EvalResult> {
     let mut e = evaluate(
         &rollout.eval_envs,
         &rollout.eval_make,
-        plan.eval.problems,
-        plan.success_threshold,
+        plan.eval().problems,
+        plan.success_threshold(),
     )
     .await?;
     e.sampled = evaluate_sampled(
         &rollout.envs,
         &rollout.eval_make,
-        plan.eval.problems,
-        plan.eval.samples,
-        plan.eval.temperature,
-        plan.success_threshold,
+        plan.eval().problems,
+        plan.eval().samples,
+        plan.eval().temperature,
+        plan.success_threshold(),
     )
     .await;
     Some(e)
@@ -816,36 +978,35 @@ async fn evaluate_both(plan: &RunPlan, rollout: &Stack) -> Option<EvalResult> {
 
 /// Greedy held-out evaluation of the checkpoint in `dir` (a `final/` or `step-N/`
 /// directory, or any Hugging Face directory of the configured model's family) on the task
-/// `cfg` describes, over `problems` tasks.
+/// `plan` describes, over `problems` tasks.
 pub async fn evaluate_checkpoint(
-    cfg: &TrainConfig,
+    plan: &RunPlan,
     dir: &Path,
     problems: usize,
 ) -> Result<EvalResult, PipelineError> {
-    let plan = RunPlan::new(cfg.clone())?;
-    stack::check_env(&plan).await?;
-    let policy = Policy::from_checkpoint(&plan, dir)?;
-    let mut model = policy.trainable(&plan)?;
+    stack::check_env(plan).await?;
+    let policy = Policy::from_checkpoint(plan, dir)?;
+    let mut model = policy.trainable(plan)?;
     // A LoRA checkpoint: its weights are the base, its PEFT adapter goes on top.
     if rollflash_model::lora::has_peft(dir) {
-        let a = rollflash_model::lora::load_peft(dir, &plan.placement.device)?;
+        let a = rollflash_model::lora::load_peft(dir, &plan.placement().device)?;
         model = TrainableModel::with_lora(
             &policy.model_cfg,
             &model.weights(),
             &a.config,
             Some(&a.weights),
             0,
-            plan.placement.dtype,
-            &plan.placement.device,
+            plan.placement().dtype,
+            &plan.placement().device,
         )?;
     }
-    let rollout = Stack::build(&plan, &policy, &model, PolicyVersion(0))?;
+    let rollout = Stack::build(plan, &policy, &model, PolicyVersion(0))?;
     rollout.connect(&policy).await?;
     let out = evaluate(
         &rollout.eval_envs,
         &rollout.eval_make,
         problems.max(1),
-        plan.success_threshold,
+        plan.success_threshold(),
     )
     .await;
     rollout.proxy.shutdown().await?;
@@ -870,7 +1031,7 @@ fn save_final(
     };
     let merged = model.model().merged_weights()?;
     rollflash_model::hf::save_dir(dir, &policy.model_cfg, &merged, tok)?;
-    let base = match &plan.model {
+    let base = match plan.model() {
         ModelSource::Dir(d) if base_is_source => d.clone(),
         _ => {
             let b = dir.join("base");

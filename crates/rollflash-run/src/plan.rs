@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use candle_core::{DType, Device};
+use rollflash_core::buffer::Schedule;
 use rollflash_core::proxy::Routing;
 use rollflash_core::{PauseMode, SamplingParams};
 use rollflash_env::envs::{DatasetTaskConfig, EnvConfig, EnvSpec};
@@ -20,8 +21,8 @@ use rollflash_trainer::learner::LearnerConfig;
 use rollflash_trainer::ControllerConfig;
 
 use crate::config::{
-    resolve_api_key, ConfigError, DTypeSpec, DeviceSpec, EnvSection, RendererChoice, ServerKind,
-    ServerWeights, TrainConfig,
+    resolve_api_key, ConfigError, DTypeSpec, DeviceSpec, EnvSection, OnCheckpointError,
+    RendererChoice, ServerKind, ServerWeights, TrainConfig, WarmupSection,
 };
 use crate::eval::success_threshold;
 
@@ -206,8 +207,12 @@ pub enum WarmupPlan {
     None,
     /// The environment has no warm-up data (only math and frozen_lake do).
     Unsupported { env: &'static str },
-    /// Warm up, reusing (or writing) the cache at `cache`.
-    Run { cache: PathBuf, reuse: bool },
+    /// Warm up with `settings`, reusing (or writing) the cache at `cache`.
+    Run {
+        cache: PathBuf,
+        reuse: bool,
+        settings: WarmupSettings,
+    },
 }
 
 /// Held-out evaluation before and after RL.
@@ -220,42 +225,88 @@ pub struct EvalPlan {
     pub temperature: f64,
 }
 
-/// Everything a run is built from, validated and typed.
+/// Where a run writes: its folder, checkpoints and metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputPlan {
+    /// `output_dir`: metrics, checkpoints, `final/`, the report.
+    pub dir: PathBuf,
+    pub checkpoint: CheckpointPlan,
+    pub metrics: MetricsPlan,
+}
+
+/// When checkpoints are written and what a failed one does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CheckpointPlan {
+    /// One every this many steps (0 = none but the final weights).
+    pub every: usize,
+    /// The newest this many are kept.
+    pub keep: usize,
+    pub on_error: OnCheckpointError,
+}
+
+/// What a run reports besides `metrics.jsonl`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MetricsPlan {
+    /// Progress bars (only ever on a terminal).
+    pub progress: bool,
+    /// TensorBoard event files.
+    pub tensorboard: bool,
+    /// `report/` at the end.
+    pub report: bool,
+    /// The Prometheus endpoint's address.
+    pub prometheus: Option<SocketAddr>,
+}
+
+/// What a supervised warm-up runs with: its section, the run's seed, and the threads and
+/// limits of the run it precedes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WarmupSettings {
+    pub section: WarmupSection,
+    pub seed: u64,
+    /// All the run's CPU threads (the trainer's and the engines'): nothing else runs yet.
+    pub threads: usize,
+    /// The rollout's turn and token limits (the agentic warm-up's demonstrations keep to
+    /// them).
+    pub max_turns: usize,
+    pub max_total_tokens: usize,
+}
+
+/// Everything a run is built from, validated and typed. Made once from a [`TrainConfig`]
+/// ([`RunPlan::new`]), read through its getters; the variants the bench runs are derived with
+/// `with_*` methods that re-validate, so no rule derived here is computed anywhere else.
 #[derive(Debug, Clone)]
 pub struct RunPlan {
-    /// The config it was made from (what `--dry-run` prints, checkpoints compare, and the
-    /// warm-ups read their own section of).
-    pub config: TrainConfig,
-    pub placement: Placement,
-    pub model: ModelSource,
-    pub renderer: RendererChoice,
-    pub routing: Routing,
-    pub backends: Vec<BackendPlan>,
+    seed: u64,
+    output: OutputPlan,
+    placement: Placement,
+    model: ModelSource,
+    renderer: RendererChoice,
+    routing: Routing,
+    backends: Vec<BackendPlan>,
     /// Where versions are published for backends that load from disk (`None`: none does).
-    pub weights_dir: Option<PathBuf>,
+    weights_dir: Option<PathBuf>,
     /// Bound on each start-up check of a server and on its first weight load.
-    pub server_check_timeout: Duration,
-    pub env: EnvSource,
+    server_check_timeout: Duration,
+    env: EnvSource,
     /// How a group's samples are requested.
-    pub replication: Replication,
-    /// Limits and sampling of training trajectories. Its stop tokens are the tokenizer's
-    /// end-of-sequence token, added by the stack once the tokenizer is loaded.
-    pub env_manager: EnvManagerConfig,
-    pub proxy: ProxyConfig,
-    pub controller: ControllerConfig,
-    pub learner: LearnerConfig,
+    replication: Replication,
+    /// Limits and sampling of training trajectories. Its stop tokens are the policy's
+    /// ([`crate::stack::Policy::stop_tokens`]), added by the stack once the model is loaded.
+    env_manager: EnvManagerConfig,
+    proxy: ProxyConfig,
+    controller: ControllerConfig,
+    learner: LearnerConfig,
     /// `[train.lora]`: the learner trains these adapters over a frozen base (after the
     /// warm-up, which trains the base); `None` trains every weight.
-    pub lora: Option<rollflash_model::lora::LoraConfig>,
+    lora: Option<rollflash_model::lora::LoraConfig>,
     /// The reward at or above which a sample counts as a success.
-    pub success_threshold: f64,
-    pub warmup: WarmupPlan,
-    pub eval: EvalPlan,
-    pub prometheus: Option<SocketAddr>,
-    pub dashboard: DashboardPlan,
+    success_threshold: f64,
+    warmup: WarmupPlan,
+    eval: EvalPlan,
+    dashboard: DashboardPlan,
     /// The dataset task's config (with the run's first task seed as its origin), when the
     /// task is one: checkpoints save its data cursor and `--resume` checks it.
-    pub data: Option<DatasetTaskConfig>,
+    data: Option<DatasetTaskConfig>,
 }
 
 /// The dashboard of a run: where it is served (if anywhere), with which key, and how many
@@ -362,11 +413,11 @@ impl RunPlan {
             sampling,
             step_timeout: Duration::from_secs_f64(r.step_timeout_secs),
         };
-        let mut buffer = c.buffer.clone();
-        if c.controller.sync {
-            buffer.alpha = 0.0;
-            buffer.barrier = true;
-        }
+        let buffer = if c.controller.sync {
+            c.buffer.clone().with_schedule(Schedule::Synchronous)
+        } else {
+            c.buffer.clone()
+        };
         let controller = ControllerConfig {
             buffer,
             redundancy: r.group_size_redundancy,
@@ -430,10 +481,23 @@ impl RunPlan {
                 samples: c.train.eval_samples,
                 temperature: r.temperature,
             },
-            prometheus: c.metrics.prometheus,
             dashboard: DashboardPlan::new(&c.dashboard)?,
             data,
-            config,
+            seed: c.seed,
+            output: OutputPlan {
+                dir: c.output_dir.clone(),
+                checkpoint: CheckpointPlan {
+                    every: c.checkpoint.every,
+                    keep: c.checkpoint.keep,
+                    on_error: c.checkpoint.on_error,
+                },
+                metrics: MetricsPlan {
+                    progress: c.metrics.progress,
+                    tensorboard: c.metrics.tensorboard,
+                    report: c.metrics.report,
+                    prometheus: c.metrics.prometheus,
+                },
+            },
         })
     }
 
@@ -444,12 +508,149 @@ impl RunPlan {
 
     /// Whether this is the synchronous baseline.
     pub fn sync(&self) -> bool {
-        self.config.controller.sync
+        self.controller.buffer.schedule() == Schedule::Synchronous
     }
 
     /// The pause mode of weight syncs.
     pub fn pause_mode(&self) -> PauseMode {
         self.controller.pause_mode
+    }
+
+    /// The run's seed (model init, sampling; task seeds derive from it: [`task_seed`]).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Where the run writes.
+    pub fn output(&self) -> &OutputPlan {
+        &self.output
+    }
+
+    /// The run's device and dtype.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// The policy it starts from.
+    pub fn model(&self) -> &ModelSource {
+        &self.model
+    }
+
+    /// How conversations become tokens (resolved against the model directory by the stack).
+    pub fn renderer(&self) -> RendererChoice {
+        self.renderer
+    }
+
+    pub fn routing(&self) -> Routing {
+        self.routing
+    }
+
+    pub fn backends(&self) -> &[BackendPlan] {
+        &self.backends
+    }
+
+    /// Where versions are published for backends that load from disk.
+    pub fn weights_dir(&self) -> Option<&PathBuf> {
+        self.weights_dir.as_ref()
+    }
+
+    pub fn server_check_timeout(&self) -> Duration {
+        self.server_check_timeout
+    }
+
+    pub fn env(&self) -> &EnvSource {
+        &self.env
+    }
+
+    pub fn replication(&self) -> Replication {
+        self.replication
+    }
+
+    pub fn env_manager(&self) -> &EnvManagerConfig {
+        &self.env_manager
+    }
+
+    pub fn proxy(&self) -> &ProxyConfig {
+        &self.proxy
+    }
+
+    pub fn controller(&self) -> &ControllerConfig {
+        &self.controller
+    }
+
+    pub fn learner(&self) -> &LearnerConfig {
+        &self.learner
+    }
+
+    pub fn lora(&self) -> Option<&rollflash_model::lora::LoraConfig> {
+        self.lora.as_ref()
+    }
+
+    pub fn success_threshold(&self) -> f64 {
+        self.success_threshold
+    }
+
+    pub fn warmup(&self) -> &WarmupPlan {
+        &self.warmup
+    }
+
+    pub fn eval(&self) -> EvalPlan {
+        self.eval
+    }
+
+    pub fn dashboard(&self) -> &DashboardPlan {
+        &self.dashboard
+    }
+
+    /// The dataset task, when the run's task is one in this process.
+    pub fn data(&self) -> Option<&DatasetTaskConfig> {
+        self.data.as_ref()
+    }
+
+    /// The embedded engines' request slots in all (each engine's `max_running_requests`).
+    pub fn engine_slots(&self) -> usize {
+        self.backends
+            .iter()
+            .map(|b| match b {
+                BackendPlan::Engine {
+                    max_running_requests,
+                    ..
+                } => *max_running_requests,
+                BackendPlan::Remote { .. } => 0,
+            })
+            .sum()
+    }
+
+    /// The same run under `schedule` (the bench's modes), re-validated.
+    pub fn with_schedule(mut self, schedule: Schedule) -> Result<Self, PlanError> {
+        self.controller.buffer = self.controller.buffer.with_schedule(schedule);
+        self.controller.buffer.validate().map_err(|e| {
+            PlanError::Config(ConfigError::Field {
+                field: "buffer".into(),
+                reason: e.to_string(),
+            })
+        })?;
+        Ok(self)
+    }
+
+    /// The same run with `redundancy` extra trajectories per group.
+    pub fn with_redundancy(mut self, redundancy: usize) -> Self {
+        self.controller.redundancy = redundancy;
+        self
+    }
+
+    /// The same run requesting a group's samples as `replication` says.
+    pub fn with_replication(mut self, replication: Replication) -> Self {
+        self.replication = replication;
+        self
+    }
+
+    /// Repeat `repeat` of the run (the bench's): its own sampling seed and task stream, the
+    /// same in every mode of that repeat; repeat 0 samples with the run's seed.
+    pub fn with_repeat(mut self, repeat: usize) -> Self {
+        self.env_manager.sampling.seed = Some(self.seed.wrapping_add(repeat as u64));
+        self.controller.seed = task_seed(self.seed).wrapping_add(repeat as u64 * 1_000_000);
+        self
     }
 
     /// The plan in a few lines, for people (`rollflash train --dry-run`).
@@ -577,11 +778,21 @@ fn warmup_plan(c: &TrainConfig) -> WarmupPlan {
         return WarmupPlan::None;
     }
     match c.env.spec().map(|s| &s.env) {
-        Some(EnvConfig::Math(_) | EnvConfig::FrozenLake(_)) => WarmupPlan::Run {
-            cache: warmup_cache_root(c)
-                .join(format!("warmup-{:016x}", crate::warmup::cache_key(c))),
-            reuse: c.warmup.cache,
-        },
+        Some(env @ (EnvConfig::Math(_) | EnvConfig::FrozenLake(_))) => {
+            let settings = WarmupSettings {
+                section: c.warmup.clone(),
+                seed: c.seed,
+                threads: c.train.threads.max(1) + c.rollout.engine_threads * c.rollout.engines,
+                max_turns: c.rollout.max_turns,
+                max_total_tokens: c.rollout.max_total_tokens,
+            };
+            let key = crate::warmup::cache_key(&settings, Some(env), c.model.path.as_ref());
+            WarmupPlan::Run {
+                cache: warmup_cache_root(c).join(format!("warmup-{key:016x}")),
+                reuse: c.warmup.cache,
+                settings,
+            }
+        }
         _ => WarmupPlan::Unsupported { env: c.env.name() },
     }
 }

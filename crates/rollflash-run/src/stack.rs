@@ -82,13 +82,13 @@ impl Policy {
     /// The plan's starting policy: its Hugging Face directory, or the built-in model with
     /// random weights from the seed.
     pub fn load(plan: &RunPlan) -> Result<Policy, StackError> {
-        let (device, dtype) = (&plan.placement.device, plan.placement.dtype);
-        match &plan.model {
+        let (device, dtype) = (&plan.placement().device, plan.placement().dtype);
+        match plan.model() {
             ModelSource::Dir(dir) => Ok(Policy {
                 model_cfg: rollflash_model::hf::load_config(dir)?,
                 weights: rollflash_model::hf::load_weights(dir, device)?,
                 tokenizer: Arc::new(Tokenizer::from_dir(dir)?),
-                renderer: renderer(plan.renderer, Some(dir))?,
+                renderer: renderer(plan.renderer(), Some(dir))?,
             }),
             ModelSource::Builtin { seed } => {
                 let tokenizer = Tokenizer::builtin();
@@ -99,7 +99,7 @@ impl Policy {
                     model_cfg,
                     weights,
                     tokenizer: Arc::new(tokenizer),
-                    renderer: renderer(plan.renderer, None)?,
+                    renderer: renderer(plan.renderer(), None)?,
                 })
             }
         }
@@ -108,16 +108,21 @@ impl Policy {
     /// The plan's model (the plan's tokenizer and renderer) with the weights in `dir`: a
     /// checkpoint or any Hugging Face directory of the same family.
     pub fn from_checkpoint(plan: &RunPlan, dir: &Path) -> Result<Policy, StackError> {
-        let (tokenizer, renderer) = match &plan.model {
-            ModelSource::Dir(d) => (Tokenizer::from_dir(d)?, renderer(plan.renderer, Some(d))?),
-            ModelSource::Builtin { .. } => (Tokenizer::builtin(), renderer(plan.renderer, None)?),
+        let (tokenizer, renderer) = match plan.model() {
+            ModelSource::Dir(d) => (Tokenizer::from_dir(d)?, renderer(plan.renderer(), Some(d))?),
+            ModelSource::Builtin { .. } => (Tokenizer::builtin(), renderer(plan.renderer(), None)?),
         };
         Ok(Policy {
             model_cfg: rollflash_model::hf::load_config(dir)?,
-            weights: rollflash_model::hf::load_weights(dir, &plan.placement.device)?,
+            weights: rollflash_model::hf::load_weights(dir, &plan.placement().device)?,
             tokenizer: Arc::new(tokenizer),
             renderer,
         })
+    }
+
+    /// The token ids its generation stops on (the one rule: [`ModelConfig::stop_tokens`]).
+    pub fn stop_tokens(&self) -> Vec<u32> {
+        self.model_cfg.stop_tokens(Some(&self.tokenizer))
     }
 
     /// A trainable copy of the weights on the plan's device, in its dtype.
@@ -125,8 +130,8 @@ impl Policy {
         Ok(TrainableModel::new(
             &self.model_cfg,
             &self.weights,
-            plan.placement.dtype,
-            &plan.placement.device,
+            plan.placement().dtype,
+            &plan.placement().device,
         )?)
     }
 }
@@ -141,7 +146,7 @@ pub fn adapt(
     model: TrainableModel,
     adapters: Option<&Adapters>,
 ) -> Result<TrainableModel, StackError> {
-    let Some(lora) = &plan.lora else {
+    let Some(lora) = plan.lora() else {
         return match adapters {
             Some(_) => Err(StackError::Lora(
                 "the checkpoint holds LoRA adapters; resume it with its [train.lora] section"
@@ -163,9 +168,9 @@ pub fn adapt(
         &model.weights(),
         lora,
         adapters.map(|a| &a.weights),
-        plan.config.seed,
-        plan.placement.dtype,
-        &plan.placement.device,
+        plan.seed(),
+        plan.placement().dtype,
+        &plan.placement().device,
     )?)
 }
 
@@ -232,12 +237,15 @@ pub async fn warm_up(
     model: &mut TrainableModel,
     stop: &StopFlag,
 ) -> Result<WarmedUp, WarmupError> {
-    let (cache, reuse) = match &plan.warmup {
+    let (cache, reuse, settings) = match plan.warmup() {
         WarmupPlan::None => return Ok(WarmedUp::Skipped),
         WarmupPlan::Unsupported { env } => return Ok(WarmedUp::Unsupported { env }),
-        WarmupPlan::Run { cache, reuse } => (cache, *reuse),
+        WarmupPlan::Run {
+            cache,
+            reuse,
+            settings,
+        } => (cache, *reuse, settings),
     };
-    let cfg = &plan.config;
     let fingerprint = if reuse {
         let f = tokio::task::block_in_place(|| {
             crate::warmup::numerics_fingerprint(model, &policy.model_cfg)
@@ -251,31 +259,29 @@ pub async fn warm_up(
         if cache.join("model.safetensors").exists() {
             let made_by = std::fs::read_to_string(cache.join(FINGERPRINT_FILE)).unwrap_or_default();
             if made_by.trim() == f {
-                let w = rollflash_model::hf::load_weights(cache, &plan.placement.device)?;
+                let w = rollflash_model::hf::load_weights(cache, &plan.placement().device)?;
                 *model = TrainableModel::new(
                     &policy.model_cfg,
                     &w,
-                    plan.placement.dtype,
-                    &plan.placement.device,
+                    plan.placement().dtype,
+                    &plan.placement().device,
                 )?;
                 return Ok(WarmedUp::Reused(cache.clone()));
             }
             stale = Some(cache.clone());
         }
     }
-    match plan.env.train_spec().map(|s| &s.env) {
+    match plan.env().train_spec().map(|s| &s.env) {
         Some(EnvConfig::Math(task_cfg)) => {
             let task = MathTask::new(task_cfg.clone())?;
-            tokio::task::block_in_place(|| {
-                crate::warmup::run(model, &policy.tokenizer, &task, cfg, stop)
-            })?;
+            crate::warmup::run(model, &policy.tokenizer, &task, settings, stop).await?;
         }
         Some(EnvConfig::FrozenLake(lake)) => {
-            crate::agentic_warmup::run(model, &policy.tokenizer, lake, cfg, stop).await?;
+            crate::agentic_warmup::run(model, &policy.tokenizer, lake, settings, stop).await?;
         }
         _ => {
             return Ok(WarmedUp::Unsupported {
-                env: cfg.env.name(),
+                env: plan.env().name(),
             })
         }
     }
@@ -393,7 +399,7 @@ impl Stack {
         hooks: &StackHooks,
     ) -> Result<Stack, StackError> {
         let snapshot = Arc::new(model.snapshot()?);
-        let publisher = match &plan.weights_dir {
+        let publisher = match plan.weights_dir() {
             Some(dir) => Some(Arc::new(
                 WeightPublisher::new(
                     dir.clone(),
@@ -405,9 +411,9 @@ impl Stack {
             )),
             None => None,
         };
-        let mut backends = Vec::with_capacity(plan.backends.len());
+        let mut backends = Vec::with_capacity(plan.backends().len());
         let mut remotes = Vec::new();
-        for b in &plan.backends {
+        for b in plan.backends() {
             let (backend, max_running, update_timeout): (
                 Arc<dyn Backend>,
                 usize,
@@ -466,12 +472,12 @@ impl Stack {
         }
         let proxy_cfg = rollflash_rollout::ProxyConfig {
             timeline: hooks.timeline.clone(),
-            ..plan.proxy.clone()
+            ..plan.proxy().clone()
         };
-        let proxy = LlmProxy::start(backends, plan.routing.policy(), proxy_cfg);
+        let proxy = LlmProxy::start(backends, plan.routing().policy(), proxy_cfg);
         let (vtx, vrx) = watch::channel(version);
-        let mut env_cfg = plan.env_manager.clone();
-        env_cfg.sampling.stop_token_ids = policy.tokenizer.eos_token_id().into_iter().collect();
+        let mut env_cfg = plan.env_manager().clone();
+        env_cfg.sampling.stop_token_ids = policy.stop_tokens();
         let envs = EnvManager::new(
             proxy.handle(),
             Arc::clone(&policy.tokenizer),
@@ -479,8 +485,8 @@ impl Stack {
             env_cfg.clone(),
             vrx.clone(),
         )
-        .with_replication(plan.replication);
-        let (train, eval_make) = env_factories(&plan.env)?;
+        .with_replication(plan.replication());
+        let (train, eval_make) = env_factories(plan.env())?;
         let make: EnvFactory = match hooks.wrap_env.clone() {
             Some(wrap) => Arc::new(move || train().map(|e| wrap(e))),
             None => train,
@@ -509,8 +515,8 @@ impl Stack {
                 remotes,
                 snapshot,
                 version,
-                check_timeout: plan.server_check_timeout,
-                max_total_tokens: plan.env_manager.max_total_tokens,
+                check_timeout: plan.server_check_timeout(),
+                max_total_tokens: plan.env_manager().max_total_tokens,
             },
         })
     }
@@ -780,7 +786,7 @@ fn env_factories(source: &EnvSource) -> Result<(EnvFactory, EnvFactory), StackEr
 /// OpenEnv's `/health`, `/schema` and a session. Every request has the configured deadline;
 /// the error names the server. Returns a line for people (`None` for a built-in).
 pub async fn check_env(plan: &RunPlan) -> Result<Option<String>, StackError> {
-    match &plan.env {
+    match plan.env() {
         EnvSource::Builtin(_) => Ok(None),
         EnvSource::Remote(cfg) => {
             let h = RemoteEnvClient::new(cfg.clone())?.check().await?;

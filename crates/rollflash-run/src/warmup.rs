@@ -7,7 +7,7 @@ use rollflash_env::math_task::MathTask;
 use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::train::{AdamW, OptimizerConfig, TrainableModel};
 
-use crate::config::TrainConfig;
+use crate::plan::WarmupSettings;
 
 /// Why a warm-up stopped.
 #[derive(Debug, thiserror::Error)]
@@ -31,38 +31,21 @@ pub enum WarmupError {
 
 /// Supervised warm-up on the task's worked solutions: next-token loss on the completion
 /// (and its end-of-sequence token), in the exact format the environment manager renders.
-pub fn run(
+pub async fn run(
     model: &TrainableModel,
     tok: &Tokenizer,
     task: &MathTask,
-    cfg: &TrainConfig,
+    settings: &WarmupSettings,
     stop: &rollflash_trainer::StopFlag,
 ) -> Result<(), WarmupError> {
-    let w = &cfg.warmup;
-    let device = model.model().device().clone();
+    let w = &settings.section;
+    let seed = settings.seed;
     let eos = tok.eos_token_id().ok_or_else(|| WarmupError::NoEos)?;
-    let mut opt = AdamW::new(OptimizerConfig {
-        lr: w.lr,
-        warmup_steps: w.steps / 20,
-        total_steps: w.steps,
-        ..Default::default()
-    });
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(cfg.train.threads.max(1) + cfg.rollout.engine_threads * cfg.rollout.engines)
-        .build()?;
-    let started = Instant::now();
-    crate::progress::println(format!(
-        "warm-up: {} supervised steps of {} worked solutions",
-        w.steps, w.batch_size
-    ));
-    let bar = crate::progress::PhaseBar::new("warm-up", w.steps as u64, "steps");
-    for step in 0..w.steps {
-        if stop.is_stopped() {
-            return Err(WarmupError::Interrupted);
-        }
-        let mut examples = task.warmup_examples(w.batch_size, cfg.seed.wrapping_add(step as u64));
+    let what = format!("{} worked solutions", w.batch_size);
+    let make = |step: usize| -> Result<(Vec<Vec<u32>>, Vec<f32>), WarmupError> {
+        let mut examples = task.warmup_examples(w.batch_size, seed.wrapping_add(step as u64));
         for (i, (_, c)) in examples.iter_mut().enumerate() {
-            if unit_hash(cfg.seed, step as u64, i as u64) < w.unmarked_fraction {
+            if unit_hash(seed, step as u64, i as u64) < w.unmarked_fraction {
                 *c = unmarked(c).to_string();
             }
         }
@@ -77,9 +60,54 @@ pub fn run(
             mask.extend((0..ids.len()).map(|i| if i >= prompt_len { 1f32 } else { 0.0 }));
             seqs.push(ids);
         }
+        Ok((seqs, mask))
+    };
+    sft_loop(model, settings, &what, stop, |step| {
+        std::future::ready(make(step))
+    })
+    .await
+}
+
+/// The one supervised loop of both warm-ups: `section.steps` AdamW steps (learning rate
+/// `section.lr`, linear warm-up over the first 5%) of next-token loss on the batches
+/// `batch(step)` makes — token sequences and a loss mask over their concatenation — on all
+/// the run's threads, with a progress bar and a line every 50 steps. Stops between steps
+/// when `stop` is set.
+pub(crate) async fn sft_loop<F, Fut>(
+    model: &TrainableModel,
+    settings: &WarmupSettings,
+    what: &str,
+    stop: &rollflash_trainer::StopFlag,
+    mut batch: F,
+) -> Result<(), WarmupError>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<Vec<u32>>, Vec<f32>), WarmupError>>,
+{
+    let w = &settings.section;
+    let device = model.model().device().clone();
+    let mut opt = AdamW::new(OptimizerConfig {
+        lr: w.lr,
+        warmup_steps: w.steps / 20,
+        total_steps: w.steps,
+        ..Default::default()
+    });
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(settings.threads.max(1))
+        .build()?;
+    let started = Instant::now();
+    crate::progress::println(format!("warm-up: {} supervised steps of {what}", w.steps));
+    let bar = crate::progress::PhaseBar::new("warm-up", w.steps as u64, "steps");
+    for step in 0..w.steps {
+        if stop.is_stopped() {
+            return Err(WarmupError::Interrupted);
+        }
+        let (seqs, mask) = batch(step).await?;
         let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-        let loss = pool.install(|| {
-            rollflash_trainer::supervised_step(model, &mut opt, &refs, &mask, &device)
+        let loss = tokio::task::block_in_place(|| {
+            pool.install(|| {
+                rollflash_trainer::supervised_step(model, &mut opt, &refs, &mask, &device)
+            })
         })?;
         bar.inc();
         if step % 50 == 0 || step + 1 == w.steps {
@@ -95,16 +123,20 @@ pub fn run(
 /// Identifies a warm-up result: same seed, warm-up settings, task, model source and
 /// rollflash version. (Where the result is kept is not part of it; nor is the arithmetic of
 /// this build, which [`numerics_fingerprint`] checks when the result is reused.)
-pub fn cache_key(cfg: &TrainConfig) -> u64 {
-    let mut w = cfg.warmup.clone();
+pub fn cache_key(
+    settings: &WarmupSettings,
+    env: Option<&rollflash_env::envs::EnvConfig>,
+    model_path: Option<&std::path::PathBuf>,
+) -> u64 {
+    let mut w = settings.section.clone();
     w.cache_dir = None;
     let text = format!(
         "{}|{}|{:?}|{}|{:?}",
         env!("CARGO_PKG_VERSION"),
-        cfg.seed,
+        settings.seed,
         w,
-        serde_json::to_string(&cfg.env.spec().map(|s| &s.env)).unwrap_or_default(),
-        cfg.model.path
+        serde_json::to_string(&env).unwrap_or_default(),
+        model_path
     );
     let mut h = Fnv::new();
     h.bytes(text.as_bytes());

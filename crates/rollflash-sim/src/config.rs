@@ -5,7 +5,7 @@
 //! The defaults describe a small CPU run shaped like `rollflash train`'s default (one engine,
 //! one trainer, the math task); `crate::gpu` builds GPU clusters from a documented cost model.
 
-use rollflash_core::buffer::BufferConfig;
+use rollflash_core::buffer::{BufferConfig, Schedule};
 use rollflash_core::PauseMode;
 use serde::{Deserialize, Serialize};
 
@@ -342,12 +342,11 @@ impl Default for SchedConfig {
 impl SchedConfig {
     /// The buffer settings in force (`sync` applied).
     pub fn effective_buffer(&self) -> BufferConfig {
-        let mut b = self.buffer.clone();
         if self.sync {
-            b.alpha = 0.0;
-            b.barrier = true;
+            self.buffer.clone().with_schedule(Schedule::Synchronous)
+        } else {
+            self.buffer.clone()
         }
-        b
     }
 }
 

@@ -197,6 +197,16 @@ pub enum ControllerError {
         failed: u64,
         filtered: u64,
     },
+    /// The learner published weights under another version than the controller decided
+    /// (the batch's version + 1): a learner bug, or a remote trainer out of step with the
+    /// run. Stopping keeps the buffer's versions and the backends' from splitting.
+    #[error(
+        "the learner returned weights of policy {learner}, the controller expected {expected}"
+    )]
+    VersionMismatch {
+        expected: PolicyVersion,
+        learner: PolicyVersion,
+    },
     /// Nothing was running and nothing could start: a bug, reported instead of a hang.
     #[error("the controller has nothing to wait for ({running} groups running, no step training, {buffered} samples buffered)")]
     Stuck { running: usize, buffered: u64 },
@@ -641,7 +651,18 @@ impl<L: Learner> AsyncController<L> {
                             }
                         }));
                     }
-                    CoreAction::Sync { .. } => {
+                    CoreAction::Sync { version } => {
+                        // The core decides the version; a learner that says otherwise would
+                        // split the buffer's view of the policy from what the backends serve.
+                        if let Some(t) = trained.as_ref() {
+                            if t.update.version() != version {
+                                result = Err(ControllerError::VersionMismatch {
+                                    expected: version,
+                                    learner: t.update.version(),
+                                });
+                                break 'run;
+                            }
+                        }
                         let serving = match trained.as_mut() {
                             Some(t) => {
                                 let (timings, serving) = self.sync(&t.update).await;
@@ -657,7 +678,8 @@ impl<L: Learner> AsyncController<L> {
                         let Some(t) = trained.take() else {
                             continue;
                         };
-                        self.version.send_replace(t.update.version());
+                        // The core's version, which the sync checked the learner's against.
+                        self.version.send_replace(p.cursor.version);
                         if let Err(e) = sink.on_batch(p.step, &t.batch) {
                             result = Err(e.into());
                             break 'run;

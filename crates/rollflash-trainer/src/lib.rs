@@ -2,11 +2,13 @@
 //! controller core (`rollflash_core::controller`) with real tasks — group rollouts through
 //! the [`GroupRunner`] seam, training steps through the [`Learner`] seam on blocking
 //! threads, weight syncs through the proxy — and shows each published step to a
-//! [`StepSink`]. [`PolicyLearner`] is the real training step; [`supervised_step`] the
+//! [`StepSink`]. [`PolicyLearner`] is the real training step ([`conformance`] the suite every
+//! `Learner` passes); [`supervised_step`] the
 //! warm-ups' step; [`StopFlag`] the one-way stop request every phase of a run watches.
 //!
 //! It depends on no command line, plotting or simulator crate: embed it to run the loop.
 
+pub mod conformance;
 pub mod controller;
 pub mod learner;
 pub mod stop;

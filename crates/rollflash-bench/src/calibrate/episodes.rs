@@ -8,8 +8,6 @@ use std::sync::Arc;
 use rollflash_core::{PolicyVersion, SamplingParams, Trajectory};
 use rollflash_env::envs::make_env;
 use rollflash_model::engine::EngineConfig;
-use rollflash_model::model::Transformer;
-use rollflash_model::tokenizer::Tokenizer;
 use rollflash_rollout::{
     Backend, BackendEntry, EngineBackend, EngineBackendConfig, EnvFactory, EnvManager,
     EnvManagerConfig, LlmProxy, ProxyConfig,
@@ -34,8 +32,7 @@ pub struct Rollout {
 /// run's, so with the same policy these are the run's own first groups.
 pub fn roll_out(
     plan: &Plan,
-    model: &Arc<Transformer>,
-    tokenizer: &Arc<Tokenizer>,
+    policy: &super::Policy,
     groups: usize,
 ) -> Result<Rollout, CalibrateError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -43,15 +40,15 @@ pub fn roll_out(
         .enable_all()
         .build()
         .map_err(CalibrateError::Runtime)?;
-    rt.block_on(roll_out_async(plan, model, tokenizer, groups))
+    rt.block_on(roll_out_async(plan, policy, groups))
 }
 
 async fn roll_out_async(
     plan: &Plan,
-    model: &Arc<Transformer>,
-    tokenizer: &Arc<Tokenizer>,
+    policy: &super::Policy,
     groups: usize,
 ) -> Result<Rollout, CalibrateError> {
+    let (model, tokenizer) = (&policy.model, &policy.tokenizer);
     let version = PolicyVersion(0);
     let mut backends = Vec::new();
     for i in 0..plan.engines {
@@ -80,7 +77,7 @@ async fn roll_out_async(
         ProxyConfig::with_request_timeout(plan.request_timeout),
     );
     let (_vtx, vrx) = tokio::sync::watch::channel(version);
-    let eos = tokenizer.eos_token_id().into_iter().collect();
+    let eos = policy.model_cfg.stop_tokens(Some(tokenizer));
     let envs = EnvManager::new(
         proxy.handle(),
         Arc::clone(tokenizer),

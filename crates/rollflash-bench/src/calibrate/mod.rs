@@ -38,6 +38,7 @@ use rollflash_model::config::ModelConfig;
 use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::weights::Weights;
 use rollflash_run::config::{ConfigError, TrainConfig};
+use rollflash_run::plan::RunPlan;
 use rollflash_sim::{simulate, Contention, SimConfig, Table};
 
 pub use build::{latency_dist, sim_config, Costs, Tasks};
@@ -136,7 +137,8 @@ struct Policy {
     model_cfg: ModelConfig,
     weights: Weights,
     tokenizer: Arc<Tokenizer>,
-    eos: u32,
+    /// The ids its generation stops on ([`ModelConfig::stop_tokens`]).
+    stop: Vec<u32>,
     model: Arc<rollflash_model::model::Transformer>,
 }
 
@@ -161,10 +163,10 @@ fn starting_policy(plan: &Plan) -> Result<Policy, CalibrateError> {
         &model_cfg, &weights, dtype, device,
     )?);
     Ok(Policy {
+        stop: model_cfg.stop_tokens(Some(&tokenizer)),
         model_cfg,
         weights,
         tokenizer: Arc::new(tokenizer),
-        eos,
         model,
     })
 }
@@ -173,7 +175,7 @@ fn starting_policy(plan: &Plan) -> Result<Policy, CalibrateError> {
 /// goes).
 pub fn validate(opts: &ValidateOptions) -> Result<Validation, CalibrateError> {
     let cfg = TrainConfig::load(opts.config.as_deref(), &opts.sets)?;
-    let plan = Plan::from_config(&cfg)?;
+    let plan = Plan::from_run(&RunPlan::new(cfg)?)?;
     let measured = read_metrics(&opts.metrics)?;
     let policy = starting_policy(&plan)?;
     let group = plan.buffer.group_size.max(1);
@@ -233,7 +235,7 @@ fn single_turn(
         "calibrating on this machine: engine ({} thread(s)) on {} prompts × {group}, then the learner ({} thread(s))",
         plan.engine_threads, n_groups, plan.train_threads
     );
-    let sampling = plan.sampling(policy.eos);
+    let sampling = plan.sampling(policy.stop.clone());
     // One chain per sample, seeded by (prompt, sample).
     let chains_of = |prompts: &[Vec<u32>]| -> Vec<Vec<TurnRequest>> {
         prompts
@@ -326,7 +328,7 @@ fn multi_turn(
         plan.train_threads
     );
     let t0 = std::time::Instant::now();
-    let rollout = episodes::roll_out(plan, &policy.model, &policy.tokenizer, n_groups)?;
+    let rollout = episodes::roll_out(plan, policy, n_groups)?;
     let trajs: Vec<&Trajectory> = rollout.groups.iter().flatten().collect();
     if trajs.is_empty() {
         return Err(CalibrateError::Invalid(format!(
@@ -370,7 +372,7 @@ fn multi_turn(
         env_step_s * 1e6
     );
 
-    let sampling = plan.sampling(policy.eos);
+    let sampling = plan.sampling(policy.stop.clone());
     let chains: Vec<Vec<TurnRequest>> = trajs.iter().map(|t| turn_requests(t, &sampling)).collect();
     let mut steps = Vec::new();
     // Two passes, as for single-turn tasks: the run's admission limit on the first

@@ -1,4 +1,4 @@
-//! What calibration needs from a run, read in one place ([`Plan::from_config`]) from the
+//! What calibration needs from a run, read in one place ([`Plan::from_run`]) from the
 //! run's own `RunPlan` — the same seed rule, warm-up cache, renderer rule, learner settings
 //! and placement `rollflash train` uses — so the rest of the calibration never touches the
 //! config.
@@ -11,8 +11,7 @@ use rollflash_core::proxy::Routing;
 use rollflash_core::{PauseMode, SamplingParams};
 use rollflash_env::envs::{EnvConfig, EnvSpec};
 use rollflash_rollout::Renderer;
-use rollflash_run::config::TrainConfig;
-use rollflash_run::plan::{Placement, RunPlan};
+use rollflash_run::plan::{BackendPlan, ModelSource, Placement, RunPlan};
 use rollflash_trainer::learner::LearnerConfig;
 
 use super::CalibrateError;
@@ -63,62 +62,80 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Reads everything calibration uses from `cfg`. Only the built-in model is supported.
-    pub fn from_config(cfg: &TrainConfig) -> Result<Plan, CalibrateError> {
-        if cfg.model.path.is_some() {
+    /// Reads everything calibration uses from the run's plan. Only the built-in model and
+    /// rollflash's own environments are supported.
+    pub fn from_run(run: &RunPlan) -> Result<Plan, CalibrateError> {
+        if matches!(run.model(), ModelSource::Dir(_)) {
             return Err(CalibrateError::Unsupported(
                 "sim validate supports the built-in model only (model.path is set)".into(),
             ));
         }
-        let Some(spec) = cfg.env.spec() else {
+        let Some(spec) = run.env().train_spec() else {
             return Err(CalibrateError::Unsupported(
                 "sim validate supports rollflash's own environments only (env.openenv is set)"
                     .into(),
             ));
         };
-        let run = RunPlan::new(cfg.clone())?;
-        let warmup_dir = run.warmup_cache().cloned();
-        let r = &cfg.rollout;
+        // The embedded engines: how many, and each one's threads and slots.
+        let engines: Vec<(usize, usize)> = run
+            .backends()
+            .iter()
+            .filter_map(|b| match b {
+                BackendPlan::Engine {
+                    threads,
+                    max_running_requests,
+                    ..
+                } => Some((*threads, *max_running_requests)),
+                BackendPlan::Remote { .. } => None,
+            })
+            .collect();
+        let (engine_threads, max_running) = engines.first().copied().unwrap_or((1, 1));
+        let em = run.env_manager();
+        let ctl = run.controller();
         Ok(Plan {
-            seed: cfg.seed,
+            seed: run.seed(),
             // As `rollflash train` seeds its controller.
-            task_seed: run.controller.seed,
+            task_seed: ctl.seed,
             kind: match spec.env {
                 EnvConfig::Math(_) => TaskKind::SingleTurn,
                 _ => TaskKind::Episodes,
             },
             env: spec.clone(),
-            warmup_dir,
-            engines: r.engines,
-            engine_threads: r.engine_threads,
-            max_running: r.max_running_requests,
-            routing: run.routing,
-            temperature: r.temperature,
-            top_p: r.top_p,
-            max_new_tokens: r.max_new_tokens,
-            max_total_tokens: r.max_total_tokens,
-            max_turns: r.max_turns,
-            step_timeout: Duration::from_secs_f64(r.step_timeout_secs),
-            request_timeout: Duration::from_secs_f64(r.request_timeout_secs),
-            redundancy: r.group_size_redundancy,
-            renderer: rollflash_run::stack::renderer(run.renderer, None)?,
-            buffer: cfg.buffer.clone(),
-            sync: cfg.controller.sync,
-            pause_mode: cfg.controller.pause_mode,
-            train_threads: cfg.train.threads,
-            learner: run.learner.clone(),
-            placement: run.placement.clone(),
+            warmup_dir: run.warmup_cache().cloned(),
+            engines: engines.len(),
+            engine_threads,
+            max_running,
+            routing: run.routing(),
+            temperature: em.sampling.temperature,
+            top_p: em.sampling.top_p,
+            max_new_tokens: em.sampling.max_new_tokens,
+            max_total_tokens: em.max_total_tokens,
+            max_turns: em.max_turns,
+            step_timeout: em.step_timeout,
+            request_timeout: run
+                .proxy()
+                .sched
+                .request_timeout
+                .unwrap_or(rollflash_rollout::DEFAULT_REQUEST_TIMEOUT),
+            redundancy: ctl.redundancy,
+            renderer: rollflash_run::stack::renderer(run.renderer(), None)?,
+            buffer: ctl.buffer.clone(),
+            sync: run.sync(),
+            pause_mode: ctl.pause_mode,
+            train_threads: run.learner().threads,
+            learner: run.learner().clone(),
+            placement: run.placement().clone(),
         })
     }
 
     /// The run's sampling of one turn (its seed is set per request or by the
     /// `EnvManager`).
-    pub fn sampling(&self, eos: u32) -> SamplingParams {
+    pub fn sampling(&self, stop_token_ids: Vec<u32>) -> SamplingParams {
         SamplingParams {
             temperature: self.temperature,
             top_p: self.top_p,
             max_new_tokens: self.max_new_tokens,
-            stop_token_ids: vec![eos],
+            stop_token_ids,
             ..Default::default()
         }
     }

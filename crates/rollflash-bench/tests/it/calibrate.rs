@@ -192,7 +192,7 @@ fn lake_plan(sync: bool) -> Plan {
         sets.push("buffer.alpha=0".into());
     }
     let cfg = TrainConfig::load(Some(std::path::Path::new(path)), &sets).unwrap();
-    Plan::from_config(&cfg).unwrap()
+    Plan::from_run(&rollflash_run::plan::RunPlan::new(cfg).unwrap()).unwrap()
 }
 
 fn costs() -> Costs {
@@ -320,7 +320,7 @@ fn a_multi_turn_sim_config_replays_the_measured_episodes() {
 #[test]
 fn a_single_turn_sim_config_draws_the_measured_lengths() {
     let cfg = TrainConfig::load(None, &["train.steps=3".to_string()]).unwrap();
-    let plan = Plan::from_config(&cfg).unwrap();
+    let plan = Plan::from_run(&rollflash_run::plan::RunPlan::new(cfg).unwrap()).unwrap();
     assert_eq!(plan.kind, TaskKind::SingleTurn);
     let tasks = Tasks::SingleTurn {
         prompt_tokens: vec![12, 14],

@@ -714,3 +714,71 @@ async fn a_stall_report_names_the_backend_that_does_not_serve_the_new_weights() 
     }
     r.proxy.shutdown().await.unwrap();
 }
+
+/// Publishes weights one version ahead of what the controller decided from the second step on.
+struct LyingLearner;
+
+impl Learner for LyingLearner {
+    fn train(
+        &mut self,
+        batch: &Batch<Trajectory>,
+    ) -> Result<(WeightUpdate, StepStats), LearnerError> {
+        let skip = if batch.version.0 == 0 { 1 } else { 2 };
+        Ok((
+            WeightUpdate::Disk {
+                path: "unused".into(),
+                version: PolicyVersion(batch.version.0 + skip),
+            },
+            StepStats::default(),
+        ))
+    }
+}
+
+/// The core is the one author of the version: a learner that reports another stops the run
+/// before its weights reach a backend or the rollouts' version, and every sample is counted.
+#[tokio::test(start_paused = true)]
+async fn a_learner_reporting_another_version_fails_the_run() {
+    let backends = vec![Arc::new(InstantBackend::with_delay(
+        "i0".to_string(),
+        Duration::from_millis(5),
+    ))];
+    let Rollout {
+        proxy,
+        envs,
+        make_env,
+        version: vtx,
+        ..
+    } = rollout(backends);
+    let seen = vtx.subscribe();
+    let ctl = AsyncController::new(
+        ControllerConfig {
+            buffer: BufferConfig {
+                groups_per_batch: 2,
+                group_size: 2,
+                alpha: 1.0,
+                ..Default::default()
+            },
+            steps: 4,
+            seed: 1,
+            ..Default::default()
+        },
+        proxy.handle(),
+        envs,
+        make_env,
+        vtx,
+        LyingLearner,
+    )
+    .unwrap();
+    let err = ctl.run().await.unwrap_err();
+    match err {
+        rollflash_trainer::ControllerError::VersionMismatch { expected, learner } => {
+            assert_eq!((expected, learner), (PolicyVersion(2), PolicyVersion(3)));
+        }
+        e => panic!("expected a version mismatch, got {e}"),
+    }
+    // Only the first (honest) step reached the rollouts; no backend took version 3.
+    assert_eq!(*seen.borrow(), PolicyVersion(1));
+    let m = proxy.handle().metrics().await.unwrap();
+    assert!(m.backends.iter().all(|(_, _, up)| *up));
+    proxy.shutdown().await.unwrap();
+}

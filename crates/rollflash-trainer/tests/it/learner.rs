@@ -193,6 +193,96 @@ fn train_once(
     (model.weights(), stats)
 }
 
+/// The embedded learner passes the `Learner` suite (the one a remote trainer must pass):
+/// versions follow the batch, stats are finite, a malformed batch is refused and changes
+/// nothing — with and without the KL reference and in micro-batches.
+#[test]
+fn policy_learner_passes_the_learner_suite() {
+    let tok = Tokenizer::builtin();
+    let cfg = ModelConfig::tiny(Arch::Qwen3, tok.vocab_size());
+    let w = Weights::random(&cfg, 5, DType::F32, &Device::Cpu).unwrap();
+    let mut batch = random_batch(cfg.vocab_size as u32);
+    // Two backends generated the first group, so the per-backend mismatch has names to check.
+    for (i, (t, _)) in batch.groups[0].samples.iter_mut().enumerate() {
+        let n = t.response_tokens();
+        t.served_by = vec![rollflash_core::gen::ServedRun {
+            backend: format!("e{}", i % 2),
+            tokens: n,
+        }];
+    }
+    batch.version = PolicyVersion(4);
+    for (kl, micro) in [(0.0, 0), (0.1, 2)] {
+        let mut lc = decoupled_grpo(micro);
+        lc.loss.kl_coef = kl;
+        let model = TrainableModel::new(&cfg, &w, DType::F32, &Device::Cpu).unwrap();
+        let mut learner = PolicyLearner::new(model, lc).unwrap();
+        let report = rollflash_trainer::conformance::check_learner(&mut learner, &batch)
+            .unwrap_or_else(|e| panic!("kl {kl}, micro-batch {micro}: {e}"));
+        assert_eq!(report.steps.len(), 3);
+    }
+}
+
+/// The suite fails a learner that publishes the wrong version, or panics on a bad batch.
+#[test]
+fn the_learner_suite_fails_a_broken_learner() {
+    use rollflash_trainer::conformance::{check_learner, ConformanceError};
+    use rollflash_trainer::{Learner, LearnerError, StepStats};
+    struct Broken {
+        skip: u64,
+        panic_on_bad: bool,
+    }
+    impl Learner for Broken {
+        fn train(
+            &mut self,
+            batch: &rollflash_core::buffer::Batch<rollflash_core::Trajectory>,
+        ) -> Result<(rollflash_rollout::WeightUpdate, StepStats), LearnerError> {
+            let ok = batch
+                .groups
+                .iter()
+                .flat_map(|g| &g.samples)
+                .all(|(t, _)| t.is_consistent());
+            if !ok {
+                assert!(!self.panic_on_bad, "bad batch");
+                return Err(LearnerError::other("bad batch"));
+            }
+            Ok((
+                rollflash_rollout::WeightUpdate::Disk {
+                    path: "x".into(),
+                    version: PolicyVersion(batch.version.0 + self.skip),
+                },
+                StepStats::default(),
+            ))
+        }
+    }
+    let batch = random_batch(64);
+    let e = check_learner(
+        &mut Broken {
+            skip: 2,
+            panic_on_bad: false,
+        },
+        &batch,
+    )
+    .unwrap_err();
+    assert!(matches!(e, ConformanceError::Version { .. }), "{e}");
+    let e = check_learner(
+        &mut Broken {
+            skip: 1,
+            panic_on_bad: true,
+        },
+        &batch,
+    )
+    .unwrap_err();
+    assert!(matches!(e, ConformanceError::Panicked { .. }), "{e}");
+    check_learner(
+        &mut Broken {
+            skip: 1,
+            panic_on_bad: false,
+        },
+        &batch,
+    )
+    .unwrap();
+}
+
 /// Micro-batching is an implementation detail: one sequence per pass, or three, gives the
 /// same update as the whole batch at once, for sequence- and token-weighted aggregation and
 /// with the KL term against the frozen reference on.

@@ -27,21 +27,23 @@ pub struct EvalArgs {
 
 pub fn run(a: EvalArgs) -> Result<()> {
     let cfg = TrainConfig::load(a.config.as_deref(), &a.sets)?;
-    let n = a.problems.unwrap_or(cfg.train.eval_problems).max(1);
+    let env = cfg.env.name();
+    let plan = rollflash_run::plan::RunPlan::new(cfg)?;
+    let n = a.problems.unwrap_or(plan.eval().problems).max(1);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     let r = rt.block_on(rollflash_run::pipeline::evaluate_checkpoint(
-        &cfg,
+        &plan,
         &a.checkpoint,
         n,
     ))?;
     println!(
         "eval {} on `{}`: success rate {:.3} ({} of {} tasks), mean reward {:.3}{}",
         a.checkpoint.display(),
-        cfg.env.name(),
+        env,
         r.success_rate,
         (r.success_rate * r.tasks as f64).round() as usize,
         r.tasks,

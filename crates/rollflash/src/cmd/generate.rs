@@ -59,8 +59,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     // transformers' `add_special_tokens=True` does and as training prompts start; a rendered
     // chat template already contains its own.
     let prompt = tok.encode(&text, !a.chat)?;
-    let mut stop: Vec<u32> = loaded.config.eos_token_ids.clone();
-    stop.extend(tok.eos_token_id());
+    let stop = loaded.config.stop_tokens(Some(&tok));
     let mut engine = Engine::new(
         Arc::new(loaded.model),
         PolicyVersion(0),

@@ -115,12 +115,7 @@ fn load(a: &ServeArgs) -> Result<Served> {
         Some(dir) => {
             let loaded = rollflash_model::hf::load_dir(dir, dtype, &device)
                 .with_context(|| format!("loading model from {}", dir.display()))?;
-            let mut eos = loaded.config.eos_token_ids.clone();
-            if let Some(e) = loaded.tokenizer.as_ref().and_then(Tokenizer::eos_token_id) {
-                if !eos.contains(&e) {
-                    eos.push(e);
-                }
-            }
+            let eos = loaded.config.stop_tokens(loaded.tokenizer.as_ref());
             let name = dir
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -143,9 +138,9 @@ fn load(a: &ServeArgs) -> Result<Served> {
             let model = Transformer::from_weights(&cfg, &weights, dtype, &device)?;
             Ok(Served {
                 model,
+                eos: cfg.stop_tokens(Some(&tokenizer)),
                 tokenizer: Some(tokenizer),
                 chat_template: Some(ChatTemplate::builtin()?),
-                eos: vec![eos],
                 name: "rollflash".into(),
             })
         }

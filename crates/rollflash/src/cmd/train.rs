@@ -98,12 +98,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
         metrics_addr: a.metrics_addr,
         metrics_bound: None,
         stop: StopFlag::new(),
-        live: plan.dashboard.addr.map(|_| Live::default()),
+        live: plan.dashboard().addr.map(|_| Live::default()),
     };
     let dash = plan
-        .dashboard
+        .dashboard()
         .addr
-        .map(|addr| (addr, plan.dashboard.api_key.clone()));
+        .map(|addr| (addr, plan.dashboard().api_key.clone()));
     let out_dir = cfg.output_dir.clone();
     let live = opts.live.clone();
     let stop = opts.stop.clone();

@@ -135,23 +135,23 @@ fn the_plan_derives_every_rule_from_the_config() {
     )
     .unwrap();
     let plan = RunPlan::new(cfg.clone()).unwrap();
-    assert!(plan.sync() && plan.controller.buffer.barrier);
+    assert!(plan.sync() && plan.controller().buffer.barrier);
     assert_eq!(plan.alpha(), 0.0);
-    assert_eq!(plan.controller.seed, task_seed(7));
+    assert_eq!(plan.controller().seed, task_seed(7));
     assert_eq!(
         task_seed(7),
         7 * 1_000_003,
         "the rule checkpoints and sim validate rely on"
     );
-    assert_eq!(plan.backends.len(), 3);
+    assert_eq!(plan.backends().len(), 3);
     assert!(plan
-        .backends
+        .backends()
         .iter()
         .all(|b| matches!(b, BackendPlan::Engine { threads: 2, .. })));
-    assert_eq!(plan.routing, rollflash_core::proxy::Routing::Sticky);
-    assert!(plan.placement.device.is_cpu());
-    assert_eq!(plan.learner.temperature, cfg.rollout.temperature);
-    match &plan.warmup {
+    assert_eq!(plan.routing(), rollflash_core::proxy::Routing::Sticky);
+    assert!(plan.placement().device.is_cpu());
+    assert_eq!(plan.learner().temperature, cfg.rollout.temperature);
+    match plan.warmup() {
         WarmupPlan::Run { cache, .. } => {
             // One cache for every run of these settings, wherever its output goes.
             let mut elsewhere = cfg.clone();
@@ -369,10 +369,12 @@ fn rollout_servers_are_validated_by_field_and_planned_beside_the_engines() {
     assert!(!c.to_toml().unwrap().contains("sk-secret-123"));
     assert!(!format!("{c:?}").contains("sk-secret-123"));
     let plan = RunPlan::new(c).unwrap();
-    assert_eq!(plan.backends.len(), 3);
-    assert!(matches!(&plan.backends[2], BackendPlan::Remote { http, .. }
-        if http.api_key.as_deref() == Some("sk-secret-123")));
-    assert_eq!(plan.weights_dir, None, "no server loads from disk");
+    assert_eq!(plan.backends().len(), 3);
+    assert!(
+        matches!(&plan.backends()[2], BackendPlan::Remote { http, .. }
+        if http.api_key.as_deref() == Some("sk-secret-123"))
+    );
+    assert_eq!(plan.weights_dir(), None, "no server loads from disk");
     let text = plan.describe().join("\n");
     assert!(
         text.contains("http://10.0.0.5:8000: OpenAI-compatible server"),
@@ -383,18 +385,16 @@ fn rollout_servers_are_validated_by_field_and_planned_beside_the_engines() {
 
     // A disk server gets the default weights directory under output_dir, and the
     // fleet's weight-update deadline unless it has its own.
-    let plan = RunPlan::new(write(&entry("")).unwrap()).unwrap();
-    assert_eq!(
-        plan.weights_dir,
-        Some(plan.config.output_dir.join("published"))
-    );
+    let c = write(&entry("")).unwrap();
+    let plan = RunPlan::new(c.clone()).unwrap();
+    assert_eq!(plan.weights_dir(), Some(&c.output_dir.join("published")));
     assert!(
-        matches!(&plan.backends[0], BackendPlan::Remote { weight_sync_timeout, .. }
-        if weight_sync_timeout.as_secs_f64() == plan.config.rollout.weight_sync_timeout_secs)
+        matches!(&plan.backends()[0], BackendPlan::Remote { weight_sync_timeout, .. }
+        if weight_sync_timeout.as_secs_f64() == c.rollout.weight_sync_timeout_secs)
     );
     let plan = RunPlan::new(write(&entry("weight_sync_timeout_secs = 900")).unwrap()).unwrap();
     assert!(
-        matches!(&plan.backends[0], BackendPlan::Remote { weight_sync_timeout, .. }
+        matches!(&plan.backends()[0], BackendPlan::Remote { weight_sync_timeout, .. }
         if weight_sync_timeout.as_secs() == 900)
     );
     let text = plan.describe().join("\n");
