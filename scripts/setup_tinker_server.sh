@@ -63,7 +63,7 @@ if [ -z "$PY312" ]; then
   done
 fi
 if [ -z "$PY312" ]; then
-  echo "setup_tinker_server.sh: no Python 3.12 found (neither python3.12 on PATH nor ~/.pyenv/versions/3.12*); skyrl 0.4.0 requires Python >=3.12" >&2
+  echo "setup_tinker_server.sh: no Python 3.12 found (neither python3.12 on PATH nor ${PYENV_ROOT:-$HOME/.pyenv}/versions/3.12*); skyrl 0.4.0 requires Python >=3.12" >&2
   exit 2
 fi
 
