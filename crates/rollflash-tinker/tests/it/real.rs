@@ -268,8 +268,10 @@ async fn checks(server: &Server) {
     );
     lap("forward-only");
 
-    // The SDK on the same server, same seed and data: the same losses and grad norms.
-    sdk_crosscheck(server, &c, &steps, &run_a).await;
+    // The SDK on the same server, same seed and data: the same losses and grad norms, and
+    // (below) the same greedy sample from the trained weights.
+    let prompt = tokens(99, 6);
+    let sdk_greedy = sdk_crosscheck(server, &c, &steps, &run_a, &prompt).await;
     lap("SDK cross-check");
 
     // Sampling from saved weights.
@@ -282,7 +284,6 @@ async fn checks(server: &Server) {
         .create_sampling_session(&session, 0, SamplerSource::ModelPath(&path))
         .await
         .unwrap();
-    let prompt = tokens(99, 6);
     let seeded = SamplingParams {
         max_tokens: 8,
         seed: Some(1),
@@ -329,6 +330,14 @@ async fn checks(server: &Server) {
         .await
         .unwrap();
     assert_eq!(g1, g2, "temperature 0 is reproducible");
+    assert_eq!(
+        sdk_greedy,
+        (
+            g1.sequences[0].tokens.clone(),
+            g1.sequences[0].logprobs.clone().unwrap()
+        ),
+        "greedy sample, SDK vs ours"
+    );
     lap(&format!("sampling: greedy {:?}", g1.sequences[0].tokens));
 
     // Prompt log-probs of the sampler agree with the training model's forward pass at the
@@ -438,8 +447,15 @@ async fn checks(server: &Server) {
 
 /// Runs scripts/tinker/sdk_crosscheck.py (the official SDK) on the same schedule and
 /// compares. Tolerance: exact for the per-token numbers and the grad norms — the server is
-/// deterministic, and both clients send the same f32/int64 bytes.
-async fn sdk_crosscheck(server: &Server, c: &TinkerClient, steps: &[Step], ours: &Run) {
+/// deterministic, and both clients send the same f32/int64 bytes. Returns the SDK's greedy
+/// sample of `prompt` from its trained weights (tokens, logprobs).
+async fn sdk_crosscheck(
+    server: &Server,
+    c: &TinkerClient,
+    steps: &[Step],
+    ours: &Run,
+    prompt: &[i32],
+) -> (Vec<i32>, Vec<f32>) {
     let to_json = |d: &Datum| {
         let inputs: BTreeMap<_, _> = d
             .loss_fn_inputs
@@ -463,6 +479,7 @@ async fn sdk_crosscheck(server: &Server, c: &TinkerClient, steps: &[Step], ours:
             "loss_fn": s.loss_fn,
             "datums": s.data.iter().map(to_json).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
+        "sample": {"prompt": prompt, "max_tokens": 8, "num_samples": 1, "stop": [EOS]},
     });
     let dir = tempfile::tempdir().unwrap();
     let plan_path = dir.path().join("plan.json");
@@ -520,4 +537,8 @@ async fn sdk_crosscheck(server: &Server, c: &TinkerClient, steps: &[Step], ours:
     }
     let sdk_model = got["model_id"].as_str().unwrap();
     c.unload_model(sdk_model).await.unwrap();
+    (
+        serde_json::from_value(got["sample"]["tokens"][0].clone()).unwrap(),
+        serde_json::from_value(got["sample"]["logprobs"][0].clone()).unwrap(),
+    )
 }
