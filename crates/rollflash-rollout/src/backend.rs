@@ -22,15 +22,18 @@ pub enum WeightUpdate {
         path: PathBuf,
         version: PolicyVersion,
     },
+    /// Weights a remote trainer holds, named by its URI (a Tinker server's `tinker://…`
+    /// sampler path): only backends of that server can load them.
+    Remote { uri: String, version: PolicyVersion },
 }
 
 impl WeightUpdate {
     /// The version these weights are.
     pub fn version(&self) -> PolicyVersion {
         match self {
-            WeightUpdate::InProcess { version, .. } | WeightUpdate::Disk { version, .. } => {
-                *version
-            }
+            WeightUpdate::InProcess { version, .. }
+            | WeightUpdate::Disk { version, .. }
+            | WeightUpdate::Remote { version, .. } => *version,
         }
     }
 }
@@ -45,6 +48,11 @@ impl std::fmt::Debug for WeightUpdate {
             WeightUpdate::Disk { path, version } => f
                 .debug_struct("Disk")
                 .field("path", path)
+                .field("version", version)
+                .finish(),
+            WeightUpdate::Remote { uri, version } => f
+                .debug_struct("Remote")
+                .field("uri", uri)
                 .field("version", version)
                 .finish(),
         }

@@ -191,6 +191,15 @@ impl Backend for EngineBackend {
                 })??;
                 (Arc::new(loaded.model), *version)
             }
+            WeightUpdate::Remote { uri, .. } => {
+                return Err(BackendError::InvalidRequest {
+                    reason: format!(
+                        "weights {uri} live on a remote trainer; an embedded engine loads \
+                         weights in process or from a directory"
+                    ),
+                    source: None,
+                })
+            }
         };
         match self.current.lock() {
             Ok(mut g) => *g = Arc::clone(&model),

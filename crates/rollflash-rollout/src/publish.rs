@@ -238,7 +238,9 @@ impl Backend for DiskWeights {
                 };
                 self.inner.update_weights(&disk).await
             }
-            WeightUpdate::Disk { .. } => self.inner.update_weights(update).await,
+            WeightUpdate::Disk { .. } | WeightUpdate::Remote { .. } => {
+                self.inner.update_weights(update).await
+            }
         }
     }
     async fn load(&self) -> Result<BackendLoad, BackendError> {
