@@ -230,6 +230,11 @@ impl Checkpointer {
         }
     }
 
+    /// The folder checkpoints are written under.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     /// Writes the checkpoint of `state.cursor.steps_done` atomically (temporary directory,
     /// then rename), copies `metrics` into it, and prunes old ones. Returns its path.
     pub fn save(

@@ -86,6 +86,8 @@ pub struct TrainConfig {
     /// Batching, α, filtering (see `rollflash_core::buffer`).
     pub buffer: BufferConfig,
     pub train: TrainSection,
+    /// Who trains: rollflash's embedded learner (default), or a Tinker server.
+    pub learner: LearnerSection,
     pub controller: ControllerSection,
     /// Checkpoints every K steps (written by `crate::checkpoint`).
     pub checkpoint: CheckpointSection,
@@ -334,6 +336,146 @@ pub enum ServerKind {
     Openai,
     /// `rollflash serve` (its SGLang-native API, with per-token versions).
     Rollflash,
+    /// A Tinker server's sampler (`asample`): the rollout side of `learner.kind = "tinker"`.
+    Tinker,
+}
+
+/// `[learner]`: who runs the training step. `[train]` says what the step computes either
+/// way (loss, advantages, optimiser settings).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LearnerSection {
+    pub kind: LearnerKind,
+    /// The Tinker server (`http://host:port`), for `kind = "tinker"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Its API key inline (kept out of printed configs), or the variable holding it.
+    #[serde(skip_serializing)]
+    pub api_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// The model to train on the server (absent: the server's first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_model: Option<String>,
+    /// Rank of the LoRA adapter the server trains.
+    pub lora_rank: u32,
+    /// Bound on one call's result (a step on a busy cluster takes minutes).
+    pub timeout_secs: f64,
+}
+
+impl std::fmt::Debug for LearnerSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LearnerSection")
+            .field("kind", &self.kind)
+            .field("url", &self.url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("api_key_env", &self.api_key_env)
+            .field("base_model", &self.base_model)
+            .field("lora_rank", &self.lora_rank)
+            .field("timeout_secs", &self.timeout_secs)
+            .finish()
+    }
+}
+
+impl Default for LearnerSection {
+    fn default() -> Self {
+        LearnerSection {
+            kind: LearnerKind::Embedded,
+            url: None,
+            api_key: None,
+            api_key_env: None,
+            base_model: None,
+            lora_rank: 8,
+            timeout_secs: 1800.0,
+        }
+    }
+}
+
+/// `learner.kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LearnerKind {
+    /// rollflash's own learner, in this process.
+    #[default]
+    Embedded,
+    /// A server speaking the Tinker protocol (SkyRL, hosted Tinker, VeRL-Tinker).
+    Tinker,
+}
+
+impl LearnerSection {
+    /// Checks what serde cannot, with the rest of the config the kind constrains; errors
+    /// name the field.
+    fn validate(&self, c: &TrainConfig) -> Result<(), ConfigError> {
+        check_key("learner", &self.api_key, &self.api_key_env)?;
+        if self.kind == LearnerKind::Embedded {
+            return Ok(());
+        }
+        if self.url.as_deref().is_none_or(str::is_empty) {
+            return Err(field(
+                "learner.url",
+                "learner.kind = \"tinker\" needs the server's URL",
+            ));
+        }
+        if self.lora_rank == 0 {
+            return Err(field("learner.lora_rank", "must be at least 1"));
+        }
+        if !(self.timeout_secs > 0.0) || !self.timeout_secs.is_finite() {
+            return Err(field(
+                "learner.timeout_secs",
+                "must be a positive number of seconds",
+            ));
+        }
+        // The server's log-probs are at temperature 1; the advantages and the loss compare
+        // them with the rollout's.
+        if c.rollout.temperature != 1.0 {
+            return Err(field(
+                "rollout.temperature",
+                "must be 1 with learner.kind = \"tinker\" (the server scores tokens at temperature 1)",
+            ));
+        }
+        // The weights live on the server: only its samplers can serve them.
+        if c.rollout.engines > 0
+            || c.rollout
+                .servers
+                .iter()
+                .any(|s| s.kind != ServerKind::Tinker)
+        {
+            return Err(field(
+                "rollout",
+                "with learner.kind = \"tinker\" every rollout backend must be a \
+                 [[rollout.servers]] of kind = \"tinker\" (set rollout.engines = 0): an \
+                 embedded engine or another server cannot load the server's adapter",
+            ));
+        }
+        if c.rollout.servers.is_empty() {
+            return Err(field(
+                "rollout.servers",
+                "learner.kind = \"tinker\" needs a [[rollout.servers]] of kind = \"tinker\" to sample from",
+            ));
+        }
+        if c.warmup.steps > 0 {
+            return Err(field(
+                "warmup.steps",
+                "must be 0 with learner.kind = \"tinker\" (the warm-up trains a local model)",
+            ));
+        }
+        if c.train.lora.is_some() {
+            return Err(field(
+                "train.lora",
+                "the Tinker server trains its own LoRA adapter (learner.lora_rank); remove [train.lora]",
+            ));
+        }
+        if c.checkpoint.every > 0 {
+            return Err(field(
+                "checkpoint.every",
+                "checkpoints during a Tinker run are not supported yet; the final state is \
+                 saved on the server (use 0)",
+            ));
+        }
+        rollflash_trainer::TinkerLossPath::of(&c.train.loss)
+            .map(|_| ())
+            .map_err(|reason| field("train.loss", &reason))
+    }
 }
 
 /// How a rollout server receives new weights.
@@ -462,6 +604,7 @@ impl Default for TrainConfig {
                 barrier: false,
             },
             train: TrainSection::default(),
+            learner: LearnerSection::default(),
             controller: ControllerSection::default(),
             checkpoint: Default::default(),
             metrics: Default::default(),
@@ -687,6 +830,7 @@ impl TrainConfig {
     /// Every check serde cannot make. Errors name the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.buffer.validate()?;
+        self.learner.validate(self)?;
         check_key(
             "dashboard",
             &self.dashboard.api_key,

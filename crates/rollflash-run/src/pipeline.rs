@@ -20,7 +20,7 @@ use crate::checkpoint::{self, Checkpointer};
 use crate::config::{OnCheckpointError, TrainConfig};
 use crate::eval::{describe_eval, evaluate, evaluate_sampled, EvalResult};
 use crate::metrics::MetricsLog;
-use crate::plan::{ModelSource, RunPlan};
+use crate::plan::{ModelSource, RunPlan, TrainerPlan};
 use crate::progress::Progress;
 use crate::prometheus::{PromServer, SharedGauges};
 use crate::report::RunSummary;
@@ -122,6 +122,9 @@ pub enum PipelineError {
         filtered: u64,
         checkpoint: PathBuf,
     },
+    /// Something this build cannot do yet, named.
+    #[error("not supported yet: {0}")]
+    Unsupported(String),
     /// A phase asked for the rollout stack before it was built (a bug, reported).
     #[error("the rollout stack is not running")]
     NoStack,
@@ -241,7 +244,34 @@ async fn run_phases(
         .live
         .set_eval_before(eval_before.and_then(|e| serde_json::to_value(e).ok()));
     guard.live.set_phase("rl");
-    let trained = train(plan, opts, guard, &prepared, model, eval_before, timeline).await?;
+    match plan.trainer() {
+        TrainerPlan::Embedded => {
+            let learner = embedded_learner(plan, &prepared, model)?;
+            rl(plan, opts, guard, prepared, learner, eval_before, timeline).await
+        }
+        TrainerPlan::Tinker(cfg) => {
+            if prepared.resumed.is_some() {
+                return Err(PipelineError::Unsupported(
+                    "--resume of a run whose learner is a Tinker server".into(),
+                ));
+            }
+            let learner = rollflash_trainer::TinkerLearner::connect((**cfg).clone()).await?;
+            rl(plan, opts, guard, prepared, learner, eval_before, timeline).await
+        }
+    }
+}
+
+/// RL with `learner`, the evaluation after it, the rollout's shutdown and the end of the run.
+async fn rl<L: RunLearner>(
+    plan: &RunPlan,
+    opts: &RunOptions,
+    guard: &mut RunGuard,
+    prepared: Prepared,
+    learner: L,
+    eval_before: Option<EvalResult>,
+    timeline: rollflash_rollout::Timeline,
+) -> Result<TrainSummary, PipelineError> {
+    let trained = train(plan, opts, guard, &prepared, learner, eval_before, timeline).await?;
     // A run that stopped early (the user asked; or no backend served its weights) is not
     // evaluated; it saves where it stopped so `--resume` continues from there.
     let eval_after = if trained.report.end != RunEnd::Completed {
@@ -503,29 +533,109 @@ async fn start_rollout(
 
 /// What the RL phase left: the controller's report, the learner (at the last published
 /// version), and the sink with its metrics file, checkpointer and TensorBoard writer.
-struct Trained {
+struct Trained<L> {
     report: RunReport,
-    learner: Option<PolicyLearner>,
+    learner: Option<L>,
     sink: RunSink,
 }
 
-/// The RL phase: metrics (the file, with the resumed checkpoint's records first; the progress
-/// bar; TensorBoard), the learner (with the checkpoint's optimizer and running statistics),
-/// and the controller over the guard's stack.
-async fn train(
+/// What a run asks of its learner besides training: checkpoints and the final result. The
+/// embedded learner writes weights and optimizer state; a Tinker learner saves its state on
+/// the server and records where.
+trait RunLearner: rollflash_trainer::Learner {
+    /// Optimiser steps taken (for the checkpoint's state).
+    fn optimizer_steps(&self) -> usize;
+    /// ROLL's running reward statistics, when they are kept.
+    fn running(&self) -> Option<rollflash_train::shaping::RunningMoments>;
+    /// Writes a resumable checkpoint of `state`; returns where.
+    fn checkpoint(
+        &self,
+        c: &Checkpointer,
+        state: &checkpoint::CheckpointState,
+        metrics: &Path,
+    ) -> Result<PathBuf, PipelineError>;
+    /// Writes the run's result to `dir` (`final/`).
+    fn save_final(&self, plan: &RunPlan, p: &Prepared, dir: &Path) -> Result<(), PipelineError>;
+}
+
+impl RunLearner for PolicyLearner {
+    fn optimizer_steps(&self) -> usize {
+        self.optimizer().steps_taken()
+    }
+    fn running(&self) -> Option<rollflash_train::shaping::RunningMoments> {
+        self.running_moments()
+    }
+    fn checkpoint(
+        &self,
+        c: &Checkpointer,
+        state: &checkpoint::CheckpointState,
+        metrics: &Path,
+    ) -> Result<PathBuf, PipelineError> {
+        Ok(c.save(self, state, metrics)?)
+    }
+    fn save_final(&self, plan: &RunPlan, p: &Prepared, dir: &Path) -> Result<(), PipelineError> {
+        save_final(plan, &p.policy, self.model(), dir, p.base_is_source)
+    }
+}
+
+impl RunLearner for rollflash_trainer::TinkerLearner {
+    fn optimizer_steps(&self) -> usize {
+        self.steps_taken()
+    }
+    fn running(&self) -> Option<rollflash_train::shaping::RunningMoments> {
+        None
+    }
+    fn checkpoint(
+        &self,
+        c: &Checkpointer,
+        state: &checkpoint::CheckpointState,
+        _metrics: &Path,
+    ) -> Result<PathBuf, PipelineError> {
+        let name = format!("step-{:08}", state.cursor.steps_done);
+        let path = c.root().join(format!("tinker-{name}.json"));
+        write_tinker_state(self, &name, &path)?;
+        Ok(path)
+    }
+    fn save_final(&self, _plan: &RunPlan, _p: &Prepared, dir: &Path) -> Result<(), PipelineError> {
+        std::fs::create_dir_all(dir).map_err(|source| PipelineError::Io {
+            what: "cannot create",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        write_tinker_state(self, "final", &dir.join("tinker.json"))
+    }
+}
+
+/// Saves a Tinker learner's state on its server under `name` and records where in `path`
+/// (the server, the model id, the state's `tinker://` path: what `load_state` takes).
+fn write_tinker_state(
+    l: &rollflash_trainer::TinkerLearner,
+    name: &str,
+    path: &Path,
+) -> Result<(), PipelineError> {
+    let state = tokio::task::block_in_place(|| l.save_state(name))?;
+    let json = serde_json::json!({
+        "server": l.url(),
+        "model_id": l.model_id(),
+        "state_path": state,
+        "optimizer_steps": l.steps_taken(),
+    });
+    std::fs::write(path, format!("{json:#}\n")).map_err(|source| PipelineError::Io {
+        what: "cannot write",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The embedded learner, with the checkpoint's optimizer and running statistics when
+/// resuming.
+fn embedded_learner(
     plan: &RunPlan,
-    opts: &RunOptions,
-    guard: &RunGuard,
     p: &Prepared,
     model: TrainableModel,
-    eval_before: Option<EvalResult>,
-    timeline: rollflash_rollout::Timeline,
-) -> Result<Trained, PipelineError> {
-    let resumed = p.resumed.as_ref();
-    let rollout = guard.stack()?;
-    let mut sink = RunSink::open(plan, p, Arc::clone(&guard.gauges), eval_before)?;
+) -> Result<PolicyLearner, PipelineError> {
     let mut learner = PolicyLearner::new(model, plan.learner().clone())?;
-    if let Some(r) = resumed {
+    if let Some(r) = &p.resumed {
         learner.set_optimizer(r.optimizer(plan.learner().optimizer.clone())?);
         // ROLL's running reward statistics continue where the checkpoint left them.
         match (
@@ -541,6 +651,24 @@ async fn train(
             _ => {}
         }
     }
+    Ok(learner)
+}
+
+/// The RL phase: metrics (the file, with the resumed checkpoint's records first; the progress
+/// bar; TensorBoard), the learner (with the checkpoint's optimizer and running statistics),
+/// and the controller over the guard's stack.
+async fn train<L: RunLearner>(
+    plan: &RunPlan,
+    opts: &RunOptions,
+    guard: &RunGuard,
+    p: &Prepared,
+    learner: L,
+    eval_before: Option<EvalResult>,
+    timeline: rollflash_rollout::Timeline,
+) -> Result<Trained<L>, PipelineError> {
+    let resumed = p.resumed.as_ref();
+    let rollout = guard.stack()?;
+    let mut sink = RunSink::open(plan, p, Arc::clone(&guard.gauges), eval_before)?;
     let mut ctl = AsyncController::new(
         plan.controller().clone(),
         rollout.proxy.handle(),
@@ -571,10 +699,10 @@ async fn train(
 /// The end of a run: the evaluation after RL in TensorBoard, the final weights (or, for a run
 /// that stopped early, the resumable checkpoint of where it stopped), `summary.json`, the
 /// report, and the run's end as its result.
-async fn finish(
+async fn finish<L: RunLearner>(
     plan: &RunPlan,
     p: Prepared,
-    t: Trained,
+    t: Trained<L>,
     eval_before: Option<EvalResult>,
     eval_after: Option<EvalResult>,
 ) -> Result<TrainSummary, PipelineError> {
@@ -607,21 +735,21 @@ async fn finish(
                 let state = checkpoint::state(
                     report.cursor,
                     report.accounting,
-                    l.optimizer().steps_taken(),
+                    l.optimizer_steps(),
                     plan.seed(),
                     sink.elapsed_before + report.wall.as_secs_f64(),
                     eval_before,
                 )
                 .with_data(data_cursor(sink.data.as_ref(), report.cursor))
-                .with_running(l.running_moments());
-                c.save(l, &state, sink.log.path())?
+                .with_running(l.running());
+                l.checkpoint(&c, &state, sink.log.path())?
             }
             None => p.ckpt_root.clone(),
         }
     } else {
         let final_dir = out.dir.join("final");
         if let Some(l) = &learner {
-            save_final(plan, &p.policy, l.model(), &final_dir, p.base_is_source)?;
+            l.save_final(plan, &p, &final_dir)?;
         }
         final_dir
     };
@@ -887,11 +1015,11 @@ fn check_data(plan: &RunPlan, r: &checkpoint::Loaded) -> Result<(), PipelineErro
     }
 }
 
-impl StepSink<PolicyLearner> for RunSink {
+impl<L: RunLearner> StepSink<L> for RunSink {
     fn on_step(
         &mut self,
         record: &StepRecord,
-        learner: &PolicyLearner,
+        learner: &L,
         cursor: Cursor,
     ) -> Result<(), SinkError> {
         let mut json = crate::metrics::step_json(record, self.elapsed_before);
@@ -919,14 +1047,14 @@ impl StepSink<PolicyLearner> for RunSink {
                 let state = checkpoint::state(
                     cursor,
                     record.accounting,
-                    learner.optimizer().steps_taken(),
+                    learner.optimizer_steps(),
                     self.seed,
                     self.elapsed_before + record.elapsed.as_secs_f64(),
                     self.eval_before,
                 )
                 .with_data(data_cursor(self.data.as_ref(), cursor))
-                .with_running(learner.running_moments());
-                match c.save(learner, &state, self.log.path()) {
+                .with_running(learner.running());
+                match learner.checkpoint(c, &state, self.log.path()) {
                     Ok(dir) => tracing::info!(path = %dir.display(), "checkpoint"),
                     Err(e) if self.on_checkpoint_error == OnCheckpointError::Continue => {
                         self.checkpoints_skipped += 1;

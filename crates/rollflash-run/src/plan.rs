@@ -18,11 +18,11 @@ use rollflash_env::openenv::OpenEnvConfig;
 use rollflash_env::remote::RemoteEnvConfig;
 use rollflash_rollout::{EnvManagerConfig, HttpBackendConfig, ProxyConfig, Replication};
 use rollflash_trainer::learner::LearnerConfig;
-use rollflash_trainer::ControllerConfig;
+use rollflash_trainer::{ControllerConfig, TinkerLearnerConfig};
 
 use crate::config::{
-    resolve_api_key, ConfigError, DTypeSpec, DeviceSpec, EnvSection, OnCheckpointError,
-    RendererChoice, ServerKind, ServerWeights, TrainConfig, WarmupSection,
+    resolve_api_key, ConfigError, DTypeSpec, DeviceSpec, EnvSection, LearnerKind,
+    OnCheckpointError, RendererChoice, ServerKind, ServerWeights, TrainConfig, WarmupSection,
 };
 use crate::eval::success_threshold;
 
@@ -271,6 +271,15 @@ pub struct WarmupSettings {
     pub max_total_tokens: usize,
 }
 
+/// Who runs the training step.
+#[derive(Debug, Clone)]
+pub enum TrainerPlan {
+    /// rollflash's `PolicyLearner`, in this process.
+    Embedded,
+    /// A Tinker server (`[learner] kind = "tinker"`); rollout samples from its samplers.
+    Tinker(Box<TinkerLearnerConfig>),
+}
+
 /// Everything a run is built from, validated and typed. Made once from a [`TrainConfig`]
 /// ([`RunPlan::new`]), read through its getters; the variants the bench runs are derived with
 /// `with_*` methods that re-validate, so no rule derived here is computed anywhere else.
@@ -296,6 +305,8 @@ pub struct RunPlan {
     proxy: ProxyConfig,
     controller: ControllerConfig,
     learner: LearnerConfig,
+    /// Who runs the step the learner settings describe.
+    trainer: TrainerPlan,
     /// `[train.lora]`: the learner trains these adapters over a frozen base (after the
     /// warm-up, which trains the base); `None` trains every weight.
     lora: Option<rollflash_model::lora::LoraConfig>,
@@ -430,6 +441,7 @@ impl RunPlan {
                 .then(|| Duration::from_secs_f64(c.controller.stall_report_secs)),
         };
         let warmup = warmup_plan(c);
+        let learner = c.learner_config(&placement.device);
         let first_task = task_seed(c.seed);
         let env = match &c.env {
             EnvSection::Builtin(spec) => {
@@ -468,7 +480,8 @@ impl RunPlan {
             env_manager,
             proxy,
             controller,
-            learner: c.learner_config(&placement.device),
+            trainer: trainer_plan(c, &learner)?,
+            learner,
             lora: c.train.lora.clone(),
             success_threshold: match (&c.env, c.env.spec()) {
                 (_, Some(spec)) => success_threshold(&spec.env),
@@ -582,6 +595,11 @@ impl RunPlan {
         &self.learner
     }
 
+    /// Who runs the training step.
+    pub fn trainer(&self) -> &TrainerPlan {
+        &self.trainer
+    }
+
     pub fn lora(&self) -> Option<&rollflash_model::lora::LoraConfig> {
         self.lora.as_ref()
     }
@@ -670,6 +688,17 @@ impl RunPlan {
             }
         )];
         out.push(crate::preset::describe(&self.learner));
+        if let TrainerPlan::Tinker(t) = &self.trainer {
+            out.push(format!(
+                "trainer: Tinker server {} ({}), LoRA rank {}; loss: {}",
+                t.client.base_url,
+                t.base_model.as_deref().unwrap_or("its first model"),
+                t.lora_rank,
+                rollflash_trainer::TinkerLossPath::of(&t.loss)
+                    .map(|p| p.describe())
+                    .unwrap_or("not trainable there"),
+            ));
+        }
         out.push(match &self.lora {
             Some(l) => format!(
                 "training: LoRA adapters (PEFT), rank {}, alpha {} (scale {}), dropout {}, on {}; \
@@ -709,6 +738,7 @@ impl RunPlan {
                         ServerKind::Vllm => "vLLM",
                         ServerKind::Openai => "OpenAI-compatible",
                         ServerKind::Rollflash => "rollflash serve (SGLang-native API)",
+                        ServerKind::Tinker => "Tinker sampler",
                     },
                     match (weights, &self.weights_dir) {
                         (ServerWeights::Disk, Some(d)) =>
@@ -763,6 +793,31 @@ impl RunPlan {
         match &self.warmup {
             WarmupPlan::Run { cache, .. } => Some(cache),
             _ => None,
+        }
+    }
+}
+
+/// The trainer `[learner]` names, with the step's settings `learner` (loss, advantages,
+/// optimiser) for a remote one.
+fn trainer_plan(c: &TrainConfig, learner: &LearnerConfig) -> Result<TrainerPlan, PlanError> {
+    let l = &c.learner;
+    match l.kind {
+        LearnerKind::Embedded => Ok(TrainerPlan::Embedded),
+        LearnerKind::Tinker => {
+            let mut client = rollflash_tinker::ClientConfig::new(l.url.clone().unwrap_or_default());
+            client.api_key = resolve_api_key("learner", &l.api_key, &l.api_key_env)?;
+            client.future_deadline = Duration::from_secs_f64(l.timeout_secs);
+            Ok(TrainerPlan::Tinker(Box::new(TinkerLearnerConfig {
+                client,
+                base_model: l.base_model.clone(),
+                lora_rank: l.lora_rank,
+                seed: c.seed,
+                optimizer: learner.optimizer.clone(),
+                loss: learner.loss.clone(),
+                advantage: learner.advantage,
+                shaping: learner.shaping,
+                heartbeat: Duration::from_secs(10),
+            })))
         }
     }
 }

@@ -599,6 +599,12 @@ fn remote_backend(
                 None => b,
             })
         }
+        ServerKind::Tinker => {
+            return Err(StackError::Server {
+                url: http.base_url.clone(),
+                problem: "the Tinker sampler backend is not part of this build yet".into(),
+            })
+        }
     })
 }
 
@@ -688,6 +694,8 @@ impl Fleet {
         let api = match r.kind {
             ServerKind::Sglang | ServerKind::Rollflash => ServerApi::Sglang,
             ServerKind::Openai | ServerKind::Vllm => ServerApi::OpenAi,
+            // Checked by its own client when it connects.
+            ServerKind::Tinker => return Ok(()),
         };
         let mut http = r.http.clone();
         http.timeout = http.timeout.min(self.check_timeout);

@@ -120,268 +120,332 @@ impl PolicyLearner {
         &self.model
     }
 
+    /// One training step, in its stages: pack the batch, score it with the reference (when a
+    /// KL term needs it), the shaped advantages over the whole batch, the loss and one
+    /// optimiser step over its micro-batches, then the snapshot and the step's metrics.
     fn step(
         &mut self,
         batch: &Batch<Trajectory>,
     ) -> Result<(WeightUpdate, StepStats), LearnerError> {
-        let mut seqs: Vec<&[u32]> = Vec::new();
-        let mut rewards = Vec::new();
-        let mut group_sizes = Vec::new();
-        let mut mask = Vec::new();
-        let mut behav = Vec::new();
-        let mut backends = BackendOwners::default();
-        let mut trajectories: Vec<&Trajectory> = Vec::new();
-        for g in &batch.groups {
-            group_sizes.push(g.samples.len());
-            for (t, r) in &g.samples {
-                trajectories.push(t);
-                seqs.push(&t.tokens);
-                rewards.push(*r);
-                mask.extend(t.loss_mask.iter().map(|&m| m == 1));
-                behav.extend_from_slice(&t.logprobs);
-                backends.add(t);
-            }
-        }
-        // The packed layout `token_stats` uses: sequence starts, then the total.
-        let mut offsets = Vec::with_capacity(seqs.len() + 1);
-        let mut total = 0;
-        for s in &seqs {
-            offsets.push(total);
-            total += s.len();
-        }
-        offsets.push(total);
-        if mask.len() != total || behav.len() != total {
-            return Err(LearnerError::Layout {
-                tokens: total,
-                mask: mask.len(),
-                logprobs: behav.len(),
-            });
-        }
-        let n_seq = seqs.len();
-        let mb = match self.cfg.micro_batch_size {
-            0 => n_seq.max(1),
-            m => m.min(n_seq.max(1)),
-        };
-        // The reference's log-probs over the whole batch, once: the reward penalty needs them
-        // before the advantages, the loss term per micro-batch.
-        let ref_logp: Option<Vec<f32>> = match &self.reference {
-            Some(r) => Some(self.pool.install(|| -> Result<_, LearnerError> {
-                let mut all = Vec::with_capacity(total);
-                for start in (0..n_seq).step_by(mb) {
-                    let end = (start + mb).min(n_seq);
-                    let ts = token_stats(r, &seqs[start..end], self.cfg.temperature, false)
-                        .map_err(err)?;
-                    let v = ts
-                        .logprobs
-                        .to_dtype(candle_core::DType::F32)
-                        .and_then(|t| t.to_vec1::<f32>())
-                        .map_err(err)?;
-                    all.extend(v);
-                }
-                Ok(all)
-            })?),
-            None => None,
-        };
-        if ref_logp.as_ref().is_some_and(|r| r.len() != total) {
-            return Err(LearnerError::Layout {
-                tokens: total,
-                mask: mask.len(),
-                logprobs: ref_logp.as_ref().map_or(0, Vec::len),
-            });
-        }
-        let reward_kl = match &ref_logp {
-            Some(r) if self.cfg.advantage.reward_kl_coef() > 0.0 => {
-                let b: Vec<f64> = behav.iter().map(|&x| f64::from(x)).collect();
-                let r: Vec<f64> = r.iter().map(|&x| f64::from(x)).collect();
-                Some(kl_per_token(KlEstimator::K1, &b, &r, &mask).map_err(err)?)
-            }
-            _ => None,
-        };
-        // Step-level estimators (GiGPO) see each trajectory's turns.
-        let turns: Option<Vec<Vec<Turn<'_>>>> = if self.cfg.advantage.needs_turns() {
-            let mut all = Vec::with_capacity(n_seq);
-            for (t, (&start, &end)) in trajectories.iter().zip(offsets.iter().zip(&offsets[1..])) {
-                let lengths: Vec<usize> = t.turns.iter().map(|turn| turn.tokens).collect();
-                all.push(
-                    split_turns(
-                        &t.tokens,
-                        &mask[start..end],
-                        start,
-                        t.prompt_len,
-                        &lengths,
-                        &t.step_rewards,
-                    )
-                    .map_err(err)?,
-                );
-            }
-            Some(all)
-        } else {
-            None
-        };
-        // Advantages over the whole batch (group baselines, REINFORCE++'s batch statistics,
-        // batch reward normalisation and whitening) before it is cut into micro-batches. The
-        // running reward statistics advance only when the whole step succeeds.
-        let mut running = self.running;
-        let shaped = compute_shaped_advantages_with(
+        let packed = PackedBatch::new(batch)?;
+        let ref_logp = self.reference_logprobs(&packed)?;
+        let advs = batch_advantages(
             &self.cfg.advantage,
             &self.cfg.shaping,
-            &AdvantageBatch {
-                rewards: &rewards,
-                group_sizes: &group_sizes,
-                seq_offsets: &offsets[..seqs.len()],
-                mask: &mask,
-                kl: reward_kl.as_deref(),
+            &packed,
+            ref_logp.as_deref(),
+            self.running,
+        )?;
+        let opt = self.optimise(&packed, &advs.advantages, ref_logp.as_deref())?;
+        let new = Arc::new(self.model.snapshot().map_err(err)?);
+        let mut metrics = vec![
+            ("pg_loss".to_string(), opt.loss.pg_loss),
+            ("approx_kl".to_string(), opt.loss.approx_kl),
+            ("clip_frac".to_string(), opt.loss.clip_frac),
+            // Two means of the PPO ratio, named apart: over valid tokens, and over valid
+            // sequences of each one's token mean (ROLL's `actor/ratio_mean`).
+            ("ratio_mean_token".to_string(), opt.loss.ratio_mean_token()),
+            ("ratio_mean_seq".to_string(), opt.loss.ratio_mean_seq()),
+            ("behav_kl".to_string(), opt.behav_kl),
+            ("behav_cap_frac".to_string(), opt.loss.cap_frac),
+            ("grad_norm".to_string(), opt.step.grad_norm),
+            ("lr".to_string(), opt.step.lr),
+        ];
+        if let Some(e) = opt.loss.entropy {
+            metrics.push(("entropy".to_string(), e));
+        }
+        if let Some(k) = opt.loss.kl_loss {
+            metrics.push(("kl_ref".to_string(), k));
+        }
+        metrics.extend(advs.metrics(&self.cfg.shaping));
+        self.running = advs.running;
+        Ok((
+            WeightUpdate::InProcess {
+                model: new,
+                version: batch.version.next(),
             },
-            turns.as_deref(),
-            &mut running,
-        )
-        .map_err(err)?;
-        let shaping_metrics: Option<ShapingMetrics> =
-            self.cfg.shaping.is_active().then_some(shaped.metrics);
-        let gigpo_stats = shaped.gigpo;
-        let adv = shaped.advantages;
-        let n_mask = mask.iter().filter(|&&m| m).count().max(1);
-        let reward_kl_mean = reward_kl
-            .as_ref()
-            .map(|k| k.iter().sum::<f64>() / n_mask as f64);
-        let token_weighted = matches!(self.cfg.loss.loss_agg, LossAgg::TokenMean);
+            StepStats {
+                loss: opt.loss.total_loss,
+                metrics,
+                behav_kl_by_backend: packed
+                    .backends
+                    .names
+                    .into_iter()
+                    .zip(opt.behav_kl_by_backend)
+                    .collect(),
+            },
+        ))
+    }
 
+    /// The reference's log-probs over the whole batch, once, when a KL term needs them: the
+    /// reward penalty before the advantages, the loss term per micro-batch.
+    fn reference_logprobs(&self, p: &PackedBatch<'_>) -> Result<Option<Vec<f32>>, LearnerError> {
+        let Some(r) = &self.reference else {
+            return Ok(None);
+        };
+        let mb = self.micro_batch(p.n_seq());
+        let all = self.pool.install(|| -> Result<_, LearnerError> {
+            let mut all = Vec::with_capacity(p.total());
+            for start in (0..p.n_seq()).step_by(mb) {
+                let end = (start + mb).min(p.n_seq());
+                let ts = token_stats(r, &p.seqs[start..end], self.cfg.temperature, false)
+                    .map_err(err)?;
+                let v = ts
+                    .logprobs
+                    .to_dtype(candle_core::DType::F32)
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .map_err(err)?;
+                all.extend(v);
+            }
+            Ok(all)
+        })?;
+        if all.len() != p.total() {
+            return Err(LearnerError::Layout {
+                tokens: p.total(),
+                mask: p.mask.len(),
+                logprobs: all.len(),
+            });
+        }
+        Ok(Some(all))
+    }
+
+    /// Sequences per forward/backward pass.
+    fn micro_batch(&self, n_seq: usize) -> usize {
+        match self.cfg.micro_batch_size {
+            0 => n_seq.max(1),
+            m => m.min(n_seq.max(1)),
+        }
+    }
+
+    /// The loss over the batch's micro-batches, each weighted by its share so the summed
+    /// gradients are the whole batch's, then one AdamW step; also the train–inference
+    /// mismatch overall and per backend.
+    fn optimise(
+        &mut self,
+        p: &PackedBatch<'_>,
+        adv: &[f64],
+        ref_all: Option<&[f32]>,
+    ) -> Result<Optimised, LearnerError> {
+        let n_seq = p.n_seq();
+        let mb = self.micro_batch(n_seq);
+        let n_mask = p.mask.iter().filter(|&&m| m).count().max(1);
+        let token_weighted = matches!(self.cfg.loss.loss_agg, LossAgg::TokenMean);
         let model = &self.model;
-        let ref_all = ref_logp.as_deref();
         let loss_kl = self.cfg.loss.kl_coef > 0.0;
         let opt = &mut self.opt;
         let cfg = &self.cfg;
         let device = &self.device;
-        let owners = &backends.owner;
-        let n_backends = backends.names.len();
-        let (stats, opt_stats, behav_kl, by_backend) =
-            self.pool.install(|| -> Result<_, LearnerError> {
-                let mut acc = GradAccumulator::default();
-                let mut agg = StatsSum::default();
-                let (mut gap, mut n_tok) = (0.0, 0usize);
-                let mut per = vec![(0.0f64, 0usize); n_backends];
-                for start in (0..n_seq).step_by(mb) {
-                    let end = (start + mb).min(n_seq);
-                    let (t0, t1) = (offsets[start], offsets[end]);
-                    let chunk = &seqs[start..end];
-                    // Adapter dropout (LoRA) draws fresh masks per step and micro-batch, from
-                    // the batch's version and the micro-batch's first sequence: a resumed run
-                    // draws the same ones.
-                    let dropped;
-                    let forward = match model.lora() {
-                        Some(l) if l.dropout > 0.0 => {
-                            dropped = model
-                                .model()
-                                .with_dropout_seed((batch.version.0 << 24) ^ start as u64);
-                            &dropped
-                        }
-                        _ => model.model(),
-                    };
-                    let ts = token_stats(forward, chunk, cfg.temperature, false).map_err(err)?;
-                    let dtype = ts.logprobs.dtype();
-                    let n = t1 - t0;
-                    let to_t = |v: Vec<f32>| {
-                        Tensor::from_vec(v, n, device)
-                            .and_then(|t| t.to_dtype(dtype))
-                            .map_err(err)
-                    };
-                    let adv_t = to_t(adv[t0..t1].iter().map(|&a| a as f32).collect())?;
-                    let mask_t = to_t(
-                        mask[t0..t1]
-                            .iter()
-                            .map(|&m| if m { 1.0 } else { 0.0 })
-                            .collect(),
-                    )?;
-                    let behav_t = to_t(behav[t0..t1].to_vec())?;
-                    let local: Vec<usize> = offsets[start..end].iter().map(|o| o - t0).collect();
-                    // One optimiser step per batch: the proximal ("old") policy is the policy at
-                    // the start of the step, numerically equal to the current one.
-                    let old = ts.logprobs.detach();
-                    let ref_logp = match ref_all {
-                        Some(r) if loss_kl => Some(to_t(r[t0..t1].to_vec())?),
-                        _ => None,
-                    };
-                    let mut inputs = PolicyLossInputs::new(
-                        &ts.logprobs,
-                        &old,
-                        &behav_t,
-                        &adv_t,
-                        &mask_t,
-                        &local,
-                    );
-                    inputs.entropy = Some(&ts.entropy);
-                    inputs.seq_scores = Some(&rewards[start..end]);
-                    inputs.ref_logp = ref_logp.as_ref();
-                    let out = policy_loss(&inputs, &cfg.loss).map_err(err)?;
-                    // Each micro-batch's loss is a mean over its own sequences (or tokens);
-                    // weighting by its share makes the summed gradients those of the whole
-                    // batch's loss. With correction filters on, token shares are counted before
-                    // filtering.
-                    let weight = if token_weighted {
-                        mask[t0..t1].iter().filter(|&&m| m).count() as f64 / n_mask as f64
-                    } else {
-                        (end - start) as f64 / n_seq as f64
-                    };
-                    let grads = (&out.loss * weight)
-                        .and_then(|l| l.backward())
-                        .map_err(err)?;
-                    acc.add(model, &grads).map_err(err)?;
-                    agg.add(&out.metrics, weight);
-                    // Train–inference mismatch: the mean of `behav − proximal` over response
-                    // tokens estimates KL(π_behav‖π_proximal); at staleness 0 it is numerics.
-                    let proximal = old
-                        .to_dtype(candle_core::DType::F64)
-                        .and_then(|t| t.to_vec1::<f64>())
-                        .map_err(err)?;
-                    for (k, ((&m, &b), &p)) in mask[t0..t1]
+        let (offsets, mask, behav) = (&p.offsets, &p.mask, &p.behav);
+        let owners = &p.backends.owner;
+        let version = p.version;
+        self.pool.install(|| -> Result<_, LearnerError> {
+            let mut acc = GradAccumulator::default();
+            let mut agg = StatsSum::default();
+            let (mut gap, mut n_tok) = (0.0, 0usize);
+            let mut per = vec![(0.0f64, 0usize); p.backends.names.len()];
+            for start in (0..n_seq).step_by(mb) {
+                let end = (start + mb).min(n_seq);
+                let (t0, t1) = (offsets[start], offsets[end]);
+                let chunk = &p.seqs[start..end];
+                // Adapter dropout (LoRA) draws fresh masks per step and micro-batch, from
+                // the batch's version and the micro-batch's first sequence: a resumed run
+                // draws the same ones.
+                let dropped;
+                let forward = match model.lora() {
+                    Some(l) if l.dropout > 0.0 => {
+                        dropped = model
+                            .model()
+                            .with_dropout_seed((version.0 << 24) ^ start as u64);
+                        &dropped
+                    }
+                    _ => model.model(),
+                };
+                let ts = token_stats(forward, chunk, cfg.temperature, false).map_err(err)?;
+                let dtype = ts.logprobs.dtype();
+                let n = t1 - t0;
+                let to_t = |v: Vec<f32>| {
+                    Tensor::from_vec(v, n, device)
+                        .and_then(|t| t.to_dtype(dtype))
+                        .map_err(err)
+                };
+                let adv_t = to_t(adv[t0..t1].iter().map(|&a| a as f32).collect())?;
+                let mask_t = to_t(
+                    mask[t0..t1]
                         .iter()
-                        .zip(&behav[t0..t1])
-                        .zip(&proximal)
-                        .enumerate()
-                    {
-                        if m {
-                            gap += f64::from(b) - p;
-                            n_tok += 1;
-                            if let Some(s) = owners[t0 + k].and_then(|o| per.get_mut(o)) {
-                                s.0 += f64::from(b) - p;
-                                s.1 += 1;
-                            }
+                        .map(|&m| if m { 1.0 } else { 0.0 })
+                        .collect(),
+                )?;
+                let behav_t = to_t(behav[t0..t1].to_vec())?;
+                let local: Vec<usize> = offsets[start..end].iter().map(|o| o - t0).collect();
+                // One optimiser step per batch: the proximal ("old") policy is the policy at
+                // the start of the step, numerically equal to the current one.
+                let old = ts.logprobs.detach();
+                let ref_logp = match ref_all {
+                    Some(r) if loss_kl => Some(to_t(r[t0..t1].to_vec())?),
+                    _ => None,
+                };
+                let mut inputs =
+                    PolicyLossInputs::new(&ts.logprobs, &old, &behav_t, &adv_t, &mask_t, &local);
+                inputs.entropy = Some(&ts.entropy);
+                inputs.seq_scores = Some(&p.rewards[start..end]);
+                inputs.ref_logp = ref_logp.as_ref();
+                let out = policy_loss(&inputs, &cfg.loss).map_err(err)?;
+                // Each micro-batch's loss is a mean over its own sequences (or tokens);
+                // weighting by its share makes the summed gradients those of the whole
+                // batch's loss. With correction filters on, token shares are counted before
+                // filtering.
+                let weight = if token_weighted {
+                    mask[t0..t1].iter().filter(|&&m| m).count() as f64 / n_mask as f64
+                } else {
+                    (end - start) as f64 / n_seq as f64
+                };
+                let grads = (&out.loss * weight)
+                    .and_then(|l| l.backward())
+                    .map_err(err)?;
+                acc.add(model, &grads).map_err(err)?;
+                agg.add(&out.metrics, weight);
+                // Train–inference mismatch: the mean of `behav − proximal` over response
+                // tokens estimates KL(π_behav‖π_proximal); at staleness 0 it is numerics.
+                let proximal = old
+                    .to_dtype(candle_core::DType::F64)
+                    .and_then(|t| t.to_vec1::<f64>())
+                    .map_err(err)?;
+                for (k, ((&m, &b), &pr)) in mask[t0..t1]
+                    .iter()
+                    .zip(&behav[t0..t1])
+                    .zip(&proximal)
+                    .enumerate()
+                {
+                    if m {
+                        gap += f64::from(b) - pr;
+                        n_tok += 1;
+                        if let Some(s) = owners[t0 + k].and_then(|o| per.get_mut(o)) {
+                            s.0 += f64::from(b) - pr;
+                            s.1 += 1;
                         }
                     }
                 }
-                let st = opt.step(model, &acc).map_err(err)?;
-                let by: Vec<f64> = per.iter().map(|&(g, n)| g / n.max(1) as f64).collect();
-                Ok((agg, st, gap / n_tok.max(1) as f64, by))
-            })?;
-        let new = Arc::new(self.model.snapshot().map_err(err)?);
-        let version = PolicyVersion(batch.version.0 + 1);
-        let mut metrics = vec![
-            ("pg_loss".to_string(), stats.pg_loss),
-            ("approx_kl".to_string(), stats.approx_kl),
-            ("clip_frac".to_string(), stats.clip_frac),
-            // Two means of the PPO ratio, named apart: over valid tokens, and over valid
-            // sequences of each one's token mean (ROLL's `actor/ratio_mean`).
-            ("ratio_mean_token".to_string(), stats.ratio_mean_token()),
-            ("ratio_mean_seq".to_string(), stats.ratio_mean_seq()),
-            ("behav_kl".to_string(), behav_kl),
-            ("behav_cap_frac".to_string(), stats.cap_frac),
-            ("grad_norm".to_string(), opt_stats.grad_norm),
-            ("lr".to_string(), opt_stats.lr),
-        ];
-        if let Some(e) = stats.entropy {
-            metrics.push(("entropy".to_string(), e));
+            }
+            let step = opt.step(model, &acc).map_err(err)?;
+            Ok(Optimised {
+                loss: agg,
+                step,
+                behav_kl: gap / n_tok.max(1) as f64,
+                behav_kl_by_backend: per.iter().map(|&(g, n)| g / n.max(1) as f64).collect(),
+            })
+        })
+    }
+}
+
+/// What the loss and optimiser stage of a step reports.
+struct Optimised {
+    loss: StatsSum,
+    step: rollflash_model::train::StepStats,
+    behav_kl: f64,
+    behav_kl_by_backend: Vec<f64>,
+}
+
+/// A batch laid out for training: its sequences back to back, with the per-token loss mask
+/// and behaviour log-probs over the concatenation, the rewards and group sizes, and which
+/// backend generated each token. Every learner starts here (the embedded one and the Tinker
+/// one compute the same advantages from it).
+#[derive(Debug)]
+pub struct PackedBatch<'a> {
+    /// The version the batch trains from.
+    pub version: PolicyVersion,
+    pub trajectories: Vec<&'a Trajectory>,
+    pub seqs: Vec<&'a [u32]>,
+    /// One per sequence.
+    pub rewards: Vec<f64>,
+    pub group_sizes: Vec<usize>,
+    /// Over the concatenated sequences: true on the model's tokens.
+    pub mask: Vec<bool>,
+    /// The behaviour policy's log-prob of each token (0 off the mask).
+    pub behav: Vec<f32>,
+    /// Where each sequence starts, then the total.
+    pub offsets: Vec<usize>,
+    backends: BackendOwners,
+}
+
+impl<'a> PackedBatch<'a> {
+    /// Packs `batch`; a trajectory whose tokens, mask and log-probs disagree in length is
+    /// [`LearnerError::Layout`].
+    pub fn new(batch: &'a Batch<Trajectory>) -> Result<Self, LearnerError> {
+        let mut p = PackedBatch {
+            version: batch.version,
+            trajectories: Vec::new(),
+            seqs: Vec::new(),
+            rewards: Vec::new(),
+            group_sizes: Vec::new(),
+            mask: Vec::new(),
+            behav: Vec::new(),
+            offsets: Vec::new(),
+            backends: BackendOwners::default(),
+        };
+        for g in &batch.groups {
+            p.group_sizes.push(g.samples.len());
+            for (t, r) in &g.samples {
+                p.trajectories.push(t);
+                p.seqs.push(&t.tokens);
+                p.rewards.push(*r);
+                p.mask.extend(t.loss_mask.iter().map(|&m| m == 1));
+                p.behav.extend_from_slice(&t.logprobs);
+                p.backends.add(t);
+            }
         }
-        if let Some(k) = stats.kl_loss {
-            metrics.push(("kl_ref".to_string(), k));
+        let mut total = 0;
+        for s in &p.seqs {
+            p.offsets.push(total);
+            total += s.len();
         }
-        if let Some(m) = shaping_metrics {
-            if self.cfg.shaping.reward_clip.is_some() {
+        p.offsets.push(total);
+        if p.mask.len() != total || p.behav.len() != total {
+            return Err(LearnerError::Layout {
+                tokens: total,
+                mask: p.mask.len(),
+                logprobs: p.behav.len(),
+            });
+        }
+        Ok(p)
+    }
+
+    /// Sequences in the batch.
+    pub fn n_seq(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Tokens over all sequences.
+    pub fn total(&self) -> usize {
+        self.offsets.last().copied().unwrap_or(0)
+    }
+}
+
+/// The advantages of a packed batch, and what computing them reports.
+#[derive(Debug, Clone)]
+pub struct Advantages {
+    /// Per token of the concatenated sequences, 0 off the mask.
+    pub advantages: Vec<f64>,
+    /// The running reward statistics after this batch (to keep if the step succeeds).
+    pub running: RunningMoments,
+    shaping: Option<ShapingMetrics>,
+    gigpo: Option<rollflash_train::gigpo::GigpoStats>,
+    /// Mean k1 per response token of the KL reward penalty, before β.
+    reward_kl_mean: Option<f64>,
+}
+
+impl Advantages {
+    /// The step metrics they contribute (shaping's fractions, the running statistics,
+    /// GiGPO's step groups, the KL reward penalty).
+    pub fn metrics(&self, shaping: &ShapingConfig) -> Vec<(String, f64)> {
+        let mut metrics = Vec::new();
+        if let Some(m) = &self.shaping {
+            if shaping.reward_clip.is_some() {
                 metrics.push(("reward_clip_frac".to_string(), m.reward_clip_frac));
             }
-            if self.cfg.shaping.advantage_clip.is_some() {
+            if shaping.advantage_clip.is_some() {
                 metrics.push(("advantage_clip_frac".to_string(), m.advantage_clip_frac));
             }
-            if self.cfg.shaping.overlong.is_some() {
+            if shaping.overlong.is_some() {
                 metrics.push(("overlong_frac".to_string(), m.overlong_frac));
                 metrics.push(("overlong_penalty".to_string(), m.overlong_penalty_mean));
             }
@@ -391,7 +455,7 @@ impl PolicyLearner {
                 metrics.push(("reward_running_std".to_string(), r.std()));
             }
         }
-        if let Some(g) = gigpo_stats {
+        if let Some(g) = &self.gigpo {
             metrics.push((
                 "gigpo_step_group_size".to_string(),
                 g.mean_step_group_size(),
@@ -401,23 +465,82 @@ impl PolicyLearner {
                 g.singleton_steps as f64 / g.steps.max(1) as f64,
             ));
         }
-        if let Some(k) = reward_kl_mean {
+        if let Some(k) = self.reward_kl_mean {
             // Mean k1 per response token, before β: what the reward penalty subtracted.
             metrics.push(("kl_reward".to_string(), k));
         }
-        self.running = running;
-        Ok((
-            WeightUpdate::InProcess {
-                model: new,
-                version,
-            },
-            StepStats {
-                loss: stats.total_loss,
-                metrics,
-                behav_kl_by_backend: backends.names.into_iter().zip(by_backend).collect(),
-            },
-        ))
+        metrics
     }
+}
+
+/// The shaped advantages of a packed batch over the whole batch (group baselines,
+/// REINFORCE++'s batch statistics, batch reward normalisation and whitening), before it is
+/// cut into micro-batches: with the KL reward penalty against `ref_logp` when the estimator
+/// has one, GiGPO's turns when it needs them, and `running` advanced by this batch.
+pub fn batch_advantages(
+    estimator: &AdvantageEstimator,
+    shaping: &ShapingConfig,
+    p: &PackedBatch<'_>,
+    ref_logp: Option<&[f32]>,
+    mut running: RunningMoments,
+) -> Result<Advantages, LearnerError> {
+    let reward_kl = match ref_logp {
+        Some(r) if estimator.reward_kl_coef() > 0.0 => {
+            let b: Vec<f64> = p.behav.iter().map(|&x| f64::from(x)).collect();
+            let r: Vec<f64> = r.iter().map(|&x| f64::from(x)).collect();
+            Some(kl_per_token(KlEstimator::K1, &b, &r, &p.mask).map_err(err)?)
+        }
+        _ => None,
+    };
+    // Step-level estimators (GiGPO) see each trajectory's turns.
+    let turns: Option<Vec<Vec<Turn<'_>>>> = if estimator.needs_turns() {
+        let mut all = Vec::with_capacity(p.n_seq());
+        for (t, (&start, &end)) in p
+            .trajectories
+            .iter()
+            .zip(p.offsets.iter().zip(&p.offsets[1..]))
+        {
+            let lengths: Vec<usize> = t.turns.iter().map(|turn| turn.tokens).collect();
+            all.push(
+                split_turns(
+                    &t.tokens,
+                    &p.mask[start..end],
+                    start,
+                    t.prompt_len,
+                    &lengths,
+                    &t.step_rewards,
+                )
+                .map_err(err)?,
+            );
+        }
+        Some(all)
+    } else {
+        None
+    };
+    let shaped = compute_shaped_advantages_with(
+        estimator,
+        shaping,
+        &AdvantageBatch {
+            rewards: &p.rewards,
+            group_sizes: &p.group_sizes,
+            seq_offsets: &p.offsets[..p.n_seq()],
+            mask: &p.mask,
+            kl: reward_kl.as_deref(),
+        },
+        turns.as_deref(),
+        &mut running,
+    )
+    .map_err(err)?;
+    let n_mask = p.mask.iter().filter(|&&m| m).count().max(1);
+    Ok(Advantages {
+        advantages: shaped.advantages,
+        running,
+        shaping: shaping.is_active().then_some(shaped.metrics),
+        gigpo: shaped.gigpo,
+        reward_kl_mean: reward_kl
+            .as_ref()
+            .map(|k| k.iter().sum::<f64>() / n_mask as f64),
+    })
 }
 
 /// Which backend generated each token of a packed batch (from each trajectory's

@@ -13,13 +13,15 @@ pub mod controller;
 pub mod learner;
 pub mod stop;
 pub mod supervised;
+pub mod tinker;
 
 pub use controller::{
     AsyncController, ControllerConfig, ControllerError, Cursor, EnvGroups, GroupRunner, Learner,
     LearnerError, NoSink, ResumeFrom, RunReport, SinkError, StallReport, StepRecord, StepSink,
     StepStats, DEFAULT_PROGRESS_TIMEOUT, DEFAULT_SERVE_TIMEOUT, DEFAULT_STALL_REPORT,
 };
-pub use learner::{LearnerConfig, PolicyLearner};
+pub use learner::{batch_advantages, Advantages, LearnerConfig, PackedBatch, PolicyLearner};
 pub use rollflash_core::controller::RunEnd;
 pub use stop::StopFlag;
 pub use supervised::supervised_step;
+pub use tinker::{TinkerLearner, TinkerLearnerConfig, TinkerLossPath};

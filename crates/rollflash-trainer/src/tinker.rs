@@ -1,0 +1,542 @@
+//! `TinkerLearner`: the `Learner` over a Tinker server (SkyRL's FSDP/Megatron/JAX
+//! backends, hosted Tinker, VeRL-Tinker): the server holds the weights (a LoRA adapter on its
+//! base model) and the optimiser; rollflash keeps what Tinker leaves to the client —
+//! scheduling, staleness, advantages, the loss's definition.
+//!
+//! A step: the batch is packed and its advantages computed exactly as the embedded learner
+//! does ([`crate::learner::PackedBatch`], [`crate::learner::batch_advantages`]); each
+//! trajectory becomes one datum (inputs `tokens[..n-1]`, targets `tokens[1..]`, weight 1 on
+//! the model's tokens). Then one of two loss paths ([`TinkerLossPath`]):
+//! - **built-in `importance_sampling`**, where our loss equals it: decoupled PPO without a
+//!   cap, rejection sampling, correction, KL or entropy term, aggregated `seq-mean-token-mean`.
+//!   With one optimiser step per batch the proximal policy is the current one, so decoupled
+//!   PPO's per-token loss is `−(π_θ/π_behav)·A` in value and gradient — the server's
+//!   `−r·A` with `r = exp(logπ_θ − logπ_behav)` — and SkyRL reduces it per sequence over its
+//!   weights, then over sequences: `seq-mean-token-mean`. One `forward_backward`.
+//! - **custom** for every other loss: a forward pass for the current log-probs `ℓ`, our
+//!   `policy_loss` and its gradient `g = ∂L/∂ℓ` computed here (`rollflash-train`, the same
+//!   function the embedded learner calls), then a `forward_backward` of the linear surrogate
+//!   `importance_sampling` with `logprobs = ℓ` (so the ratio is 1 at the point) and
+//!   advantages `−g·S·n_i` (undoing the server's division by the sequence's `n_i` weighted
+//!   tokens and the `S` sequences), whose gradient is `Σ_t g_t ∇ℓ_t` = ours. It costs one
+//!   extra forward pass per step.
+//!
+//! Then `optim_step` with the plan's Adam settings (the learning rate of the step's place in
+//! the schedule, computed here), and `save_weights_for_sampler`, whose `tinker://` path is
+//! the new version's [`WeightUpdate::Remote`]. The controller decides the version; the path's
+//! name carries it so a sampler and a log agree. Log-probs on the server are at temperature
+//! 1, so the rollout temperature must be 1 (the plan checks). The KL and entropy terms need
+//! the reference's and the policy's full distributions, which the protocol does not return:
+//! those losses are refused when the learner is built.
+
+use std::time::Duration;
+
+use candle_core::{DType, Device, Tensor, Var};
+use rollflash_core::buffer::Batch;
+use rollflash_core::Trajectory;
+use rollflash_model::train::OptimizerConfig;
+use rollflash_rollout::WeightUpdate;
+use rollflash_tinker::{
+    AdamParams, ClientConfig, Datum, Heartbeat, LoraConfig, TinkerClient, TinkerError,
+};
+use rollflash_train::advantage::AdvantageEstimator;
+use rollflash_train::loss::{policy_loss, LossConfig, PgVariant, PolicyLossInputs};
+use rollflash_train::shaping::{RunningMoments, ShapingConfig};
+use rollflash_train::LossAgg;
+
+use crate::controller::{Learner, LearnerError, StepStats};
+use crate::learner::{batch_advantages, PackedBatch};
+
+/// How our loss reaches the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TinkerLossPath {
+    /// The server's `importance_sampling` equals our loss (see the module doc).
+    BuiltinImportanceSampling,
+    /// Our loss's gradient through a linear surrogate (one extra forward pass per step).
+    Custom,
+}
+
+impl TinkerLossPath {
+    /// The path `loss` takes, or why it cannot be trained on a Tinker server.
+    pub fn of(loss: &LossConfig) -> Result<TinkerLossPath, String> {
+        if loss.kl_coef > 0.0 {
+            return Err(
+                "loss.kl_coef > 0 needs the reference policy's log-probs, which a \
+                        Tinker server does not return for a frozen copy; use 0"
+                    .into(),
+            );
+        }
+        if loss.entropy_coef > 0.0 {
+            return Err(
+                "loss.entropy_coef > 0 needs the policy's full distribution, which \
+                        the Tinker protocol does not return; use 0"
+                    .into(),
+            );
+        }
+        let builtin = loss.pg_variant == PgVariant::DecoupledPpo
+            && loss.behav_imp_weight_cap.is_none()
+            && loss.rejection_sampling.is_none()
+            && loss.correction == Default::default()
+            && loss.loss_agg == LossAgg::SeqMeanTokenMean;
+        Ok(if builtin {
+            TinkerLossPath::BuiltinImportanceSampling
+        } else {
+            TinkerLossPath::Custom
+        })
+    }
+
+    /// For people (`--dry-run`).
+    pub fn describe(self) -> &'static str {
+        match self {
+            TinkerLossPath::BuiltinImportanceSampling => {
+                "the server's importance_sampling loss (equal to this decoupled PPO: one pass)"
+            }
+            TinkerLossPath::Custom => {
+                "rollflash's loss through a linear surrogate (a forward pass, then \
+                 importance_sampling with our gradient as advantages: two passes)"
+            }
+        }
+    }
+}
+
+/// Settings of a [`TinkerLearner`].
+#[derive(Debug, Clone)]
+pub struct TinkerLearnerConfig {
+    /// The server, its key and deadlines.
+    pub client: ClientConfig,
+    /// The model to train (`None`: the server's first supported model).
+    pub base_model: Option<String>,
+    /// The LoRA adapter's rank, and its initialisation seed.
+    pub lora_rank: u32,
+    pub seed: u64,
+    /// Adam's settings and the learning-rate schedule (warm-up, cosine), computed here and
+    /// sent with each step. The server applies no gradient clipping of ours.
+    pub optimizer: OptimizerConfig,
+    pub loss: LossConfig,
+    pub advantage: AdvantageEstimator,
+    pub shaping: ShapingConfig,
+    /// How often the session is kept alive (SkyRL drops sessions silent for 300 s).
+    pub heartbeat: Duration,
+}
+
+/// The learner of a run whose trainer is a Tinker server.
+pub struct TinkerLearner {
+    cfg: TinkerLearnerConfig,
+    path: TinkerLossPath,
+    rt: tokio::runtime::Handle,
+    client: TinkerClient,
+    session: String,
+    model_id: String,
+    /// Counts the model's requests from 1: the server's idempotency key, so a resent
+    /// forward_backward or optim_step is not applied twice.
+    seq: i32,
+    steps: usize,
+    running: RunningMoments,
+    heartbeat: Option<Heartbeat>,
+}
+
+impl std::fmt::Debug for TinkerLearner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TinkerLearner")
+            .field("url", &self.cfg.client.base_url)
+            .field("model_id", &self.model_id)
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+fn remote(e: TinkerError) -> LearnerError {
+    LearnerError::Other(Box::new(e))
+}
+
+impl TinkerLearner {
+    /// Opens a session and a LoRA training model on the server. Must be called inside a
+    /// tokio runtime (the learner's steps run on blocking threads and call back into it).
+    pub async fn connect(cfg: TinkerLearnerConfig) -> Result<TinkerLearner, LearnerError> {
+        let path = TinkerLossPath::of(&cfg.loss).map_err(LearnerError::other)?;
+        cfg.loss.validate()?;
+        cfg.shaping.validate()?;
+        let client = TinkerClient::new(cfg.client.clone()).map_err(remote)?;
+        let base_model = match &cfg.base_model {
+            Some(m) => m.clone(),
+            None => client
+                .capabilities()
+                .await
+                .map_err(remote)?
+                .supported_models
+                .into_iter()
+                .find_map(|m| m.model_name)
+                .ok_or_else(|| {
+                    LearnerError::other(format!(
+                        "Tinker server {} lists no supported model",
+                        cfg.client.base_url
+                    ))
+                })?,
+        };
+        let session = client
+            .create_session(vec!["rollflash".into()])
+            .await
+            .map_err(remote)?;
+        let model = client
+            .create_model(
+                &session,
+                0,
+                &base_model,
+                LoraConfig::new(cfg.lora_rank, Some(cfg.seed as i64)),
+            )
+            .await
+            .map_err(remote)?;
+        let heartbeat = Heartbeat::spawn(client.clone(), session.clone(), cfg.heartbeat);
+        Ok(TinkerLearner {
+            path,
+            rt: tokio::runtime::Handle::current(),
+            client,
+            session,
+            model_id: model.model_id,
+            seq: 0,
+            steps: 0,
+            running: RunningMoments::default(),
+            heartbeat: Some(heartbeat),
+            cfg,
+        })
+    }
+
+    /// The loss path the steps take.
+    pub fn loss_path(&self) -> TinkerLossPath {
+        self.path
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> &str {
+        &self.cfg.client.base_url
+    }
+
+    /// The session the learner keeps alive.
+    pub fn session_id(&self) -> &str {
+        &self.session
+    }
+
+    /// The server's id of the model being trained.
+    pub fn model_id(&self) -> &str {
+        &self.model_id
+    }
+
+    /// Optimiser steps taken.
+    pub fn steps_taken(&self) -> usize {
+        self.steps
+    }
+
+    /// Saves the training state (adapter and Adam moments) on the server under `name`;
+    /// returns the path `load_state` takes.
+    /// Blocks: call it from a blocking thread (or inside `block_in_place`).
+    pub fn save_state(&self, name: &str) -> Result<String, LearnerError> {
+        self.rt
+            .block_on(self.client.save_state(&self.model_id, name))
+            .map_err(remote)
+    }
+
+    /// Frees the model's slot on the server and stops the heartbeat.
+    pub async fn close(mut self) -> Result<(), LearnerError> {
+        if let Some(h) = self.heartbeat.take() {
+            h.stop().await;
+        }
+        self.client
+            .unload_model(&self.model_id)
+            .await
+            .map_err(remote)
+    }
+
+    fn next_seq(&mut self) -> i32 {
+        self.seq += 1;
+        self.seq
+    }
+
+    async fn step(
+        &mut self,
+        batch: &Batch<Trajectory>,
+    ) -> Result<(WeightUpdate, StepStats), LearnerError> {
+        let packed = PackedBatch::new(batch)?;
+        let advs = batch_advantages(
+            &self.cfg.advantage,
+            &self.cfg.shaping,
+            &packed,
+            None,
+            self.running,
+        )?;
+        // One datum per sequence with model tokens; the loss's layout keeps only those.
+        let kept: Vec<usize> = (0..packed.n_seq())
+            .filter(|&i| {
+                packed.mask[packed.offsets[i]..packed.offsets[i + 1]]
+                    .iter()
+                    .any(|&m| m)
+            })
+            .collect();
+        let datum_of = |i: usize, logprobs: &[f32], adv: &[f32]| {
+            let (s, e) = (packed.offsets[i], packed.offsets[i + 1]);
+            let toks = packed.seqs[i];
+            Datum::policy_gradient(
+                toks[..toks.len() - 1].iter().map(|&t| t as i32).collect(),
+                toks[1..].iter().map(|&t| i64::from(t)).collect(),
+                logprobs[s + 1..e].to_vec(),
+                adv[s + 1..e].to_vec(),
+                Some(
+                    packed.mask[s + 1..e]
+                        .iter()
+                        .map(|&m| if m { 1.0 } else { 0.0 })
+                        .collect(),
+                ),
+            )
+        };
+        let mut metrics = Vec::new();
+        let (loss, behav_kl) = match self.path {
+            TinkerLossPath::BuiltinImportanceSampling => {
+                let adv: Vec<f32> = advs.advantages.iter().map(|&a| a as f32).collect();
+                let data: Vec<Datum> = kept
+                    .iter()
+                    .map(|&i| datum_of(i, &packed.behav, &adv))
+                    .collect();
+                let seq = self.next_seq();
+                let out = self
+                    .client
+                    .forward_backward(&self.model_id, seq, &data, "importance_sampling", &[])
+                    .await
+                    .map_err(remote)?;
+                let current = current_logprobs(&packed, &kept, &out.outputs)?;
+                let ours = loss_at(
+                    &packed,
+                    &kept,
+                    &current,
+                    &advs.advantages,
+                    &self.cfg.loss,
+                    false,
+                )?;
+                metrics.extend(ours.metrics);
+                (ours.value, mismatch(&packed, &current))
+            }
+            TinkerLossPath::Custom => {
+                // The current log-probs: a forward pass (weights 0 everywhere: no loss).
+                let zeros = vec![0f32; packed.total()];
+                let probe: Vec<Datum> = kept
+                    .iter()
+                    .map(|&i| datum_of(i, &packed.behav, &zeros))
+                    .collect();
+                let seq = self.next_seq();
+                let fwd = self
+                    .client
+                    .forward(&self.model_id, seq, &probe, "importance_sampling")
+                    .await
+                    .map_err(remote)?;
+                let current = current_logprobs(&packed, &kept, &fwd.outputs)?;
+                let ours = loss_at(
+                    &packed,
+                    &kept,
+                    &current,
+                    &advs.advantages,
+                    &self.cfg.loss,
+                    true,
+                )?;
+                metrics.extend(ours.metrics);
+                let loss = ours.value;
+                // The surrogate's advantages, at ratio 1 (its log-probs are the current ones).
+                let adv = surrogate_advantages(&packed, &kept, &ours.grad.unwrap_or_default());
+                let data: Vec<Datum> = kept.iter().map(|&i| datum_of(i, &current, &adv)).collect();
+                let seq = self.next_seq();
+                self.client
+                    .forward_backward(&self.model_id, seq, &data, "importance_sampling", &[])
+                    .await
+                    .map_err(remote)?;
+                (loss, mismatch(&packed, &current))
+            }
+        };
+        let o = &self.cfg.optimizer;
+        let lr = o.lr_at(self.steps);
+        let adam = AdamParams {
+            learning_rate: lr,
+            beta1: o.beta1,
+            beta2: o.beta2,
+            eps: o.eps,
+            weight_decay: o.weight_decay,
+            grad_clip_norm: o.max_grad_norm.unwrap_or(0.0),
+        };
+        let seq = self.next_seq();
+        let opt = self
+            .client
+            .optim_step(&self.model_id, seq, adam)
+            .await
+            .map_err(remote)?;
+        let version = batch.version.next();
+        let uri = self
+            .client
+            .save_weights_for_sampler(&self.model_id, &format!("v{:06}", version.0))
+            .await
+            .map_err(remote)?;
+        self.steps += 1;
+        self.running = advs.running;
+        metrics.push(("behav_kl".to_string(), behav_kl));
+        if let Some(g) = opt
+            .iter()
+            .find(|(k, _)| k.ends_with("grad_norm"))
+            .map(|(_, v)| *v)
+        {
+            metrics.push(("grad_norm".to_string(), g));
+        }
+        metrics.push(("lr".to_string(), lr));
+        metrics.extend(advs.metrics(&self.cfg.shaping));
+        Ok((
+            WeightUpdate::Remote { uri, version },
+            StepStats {
+                loss,
+                metrics,
+                behav_kl_by_backend: Vec::new(),
+            },
+        ))
+    }
+}
+
+impl Learner for TinkerLearner {
+    fn train(
+        &mut self,
+        batch: &Batch<Trajectory>,
+    ) -> Result<(WeightUpdate, StepStats), LearnerError> {
+        let rt = self.rt.clone();
+        rt.block_on(self.step(batch))
+    }
+}
+
+/// The server's log-probs of each kept sequence's targets, laid over the packed batch
+/// (entry `t` is token `t`'s log-prob; each sequence's first token has none: 0).
+fn current_logprobs(
+    p: &PackedBatch<'_>,
+    kept: &[usize],
+    outputs: &[rollflash_tinker::DatumOutput],
+) -> Result<Vec<f32>, LearnerError> {
+    if outputs.len() != kept.len() {
+        return Err(LearnerError::other(format!(
+            "the Tinker server returned {} outputs for {} datums",
+            outputs.len(),
+            kept.len()
+        )));
+    }
+    let mut all = vec![0f32; p.total()];
+    for (&i, o) in kept.iter().zip(outputs) {
+        let (a, b) = (p.offsets[i], p.offsets[i + 1]);
+        let lp = o
+            .logprobs()
+            .ok_or_else(|| LearnerError::other("the Tinker server's output has no logprobs"))?;
+        if lp.len() != b - a - 1 {
+            return Err(LearnerError::other(format!(
+                "the Tinker server returned {} log-probs for a sequence of {} targets",
+                lp.len(),
+                b - a - 1
+            )));
+        }
+        all[a + 1..b].copy_from_slice(&lp);
+    }
+    Ok(all)
+}
+
+/// Mean of `behav − current` over the model's tokens: the train–inference mismatch.
+fn mismatch(p: &PackedBatch<'_>, current: &[f32]) -> f64 {
+    let (mut gap, mut n) = (0.0, 0usize);
+    for ((&m, &b), &c) in p.mask.iter().zip(&p.behav).zip(current) {
+        if m {
+            gap += f64::from(b) - f64::from(c);
+            n += 1;
+        }
+    }
+    gap / n.max(1) as f64
+}
+
+/// The advantages of the linear surrogate whose gradient under the server's
+/// `importance_sampling` equals `grad` (our loss's gradient with respect to each token's
+/// log-prob, over the packed batch). At ratio 1 that loss's gradient is
+/// `(1/S)·Σ_i (1/n_i)·Σ_t w_t·(−A_t)·∇ℓ_t` (SkyRL: each sequence's sum over its `n_i` weighted
+/// tokens, then the mean over the `S` datums), so `A_t = −g_t·S·n_i`.
+pub fn surrogate_advantages(p: &PackedBatch<'_>, kept: &[usize], grad: &[f64]) -> Vec<f32> {
+    let s = kept.len() as f64;
+    let mut adv = vec![0f32; p.total()];
+    for &i in kept {
+        let (a, b) = (p.offsets[i], p.offsets[i + 1]);
+        // The targets start at the sequence's second token.
+        let n_i = p.mask[a + 1..b].iter().filter(|&&m| m).count().max(1) as f64;
+        for (t, x) in adv.iter_mut().enumerate().take(b).skip(a + 1) {
+            *x = (-grad.get(t).copied().unwrap_or(0.0) * s * n_i) as f32;
+        }
+    }
+    adv
+}
+
+/// Our loss at the current log-probs.
+struct OurLoss {
+    value: f64,
+    metrics: Vec<(String, f64)>,
+    /// With respect to each token's log-prob, over the packed batch.
+    grad: Option<Vec<f64>>,
+}
+
+/// Our loss over the kept sequences at the current log-probs: its value and metrics and,
+/// with `grad`, its gradient with respect to each token's log-prob (over the packed batch).
+fn loss_at(
+    p: &PackedBatch<'_>,
+    kept: &[usize],
+    current: &[f32],
+    adv: &[f64],
+    cfg: &LossConfig,
+    grad: bool,
+) -> Result<OurLoss, LearnerError> {
+    let dev = Device::Cpu;
+    // The kept sequences back to back, as `policy_loss` takes them.
+    let (mut lp, mut behav, mut a, mut mask, mut offsets, mut index) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
+    for &i in kept {
+        offsets.push(lp.len());
+        for t in p.offsets[i]..p.offsets[i + 1] {
+            lp.push(current[t]);
+            behav.push(p.behav[t]);
+            a.push(adv[t] as f32);
+            mask.push(if p.mask[t] { 1f32 } else { 0.0 });
+            index.push(t);
+        }
+    }
+    let n = lp.len();
+    let t = |v: Vec<f32>| Tensor::from_vec(v, n, &dev).map_err(LearnerError::from);
+    let logp = Var::from_tensor(&t(lp)?)?;
+    let old = logp.as_tensor().detach();
+    let (behav, a, mask) = (t(behav)?, t(a)?, t(mask)?);
+    let inputs = PolicyLossInputs::new(logp.as_tensor(), &old, &behav, &a, &mask, &offsets);
+    let out = policy_loss(&inputs, cfg)?;
+    let m = &out.metrics;
+    let metrics = vec![
+        ("pg_loss".to_string(), m.pg_loss),
+        ("approx_kl".to_string(), m.approx_kl),
+        ("clip_frac".to_string(), m.clip_frac),
+        ("ratio_mean_token".to_string(), m.ratio_mean_token),
+        ("ratio_mean_seq".to_string(), m.ratio_mean_seq),
+        ("behav_cap_frac".to_string(), m.decoupled_cap_frac),
+    ];
+    let g = if grad {
+        let grads = out.loss.backward()?;
+        let g = match grads.get(logp.as_tensor()) {
+            Some(g) => g.to_dtype(DType::F64)?.to_vec1::<f64>()?,
+            None => vec![0.0; n],
+        };
+        let mut all = vec![0f64; p.total()];
+        for (k, &t) in index.iter().enumerate() {
+            all[t] = g[k];
+        }
+        Some(all)
+    } else {
+        None
+    };
+    Ok(OurLoss {
+        value: m.total_loss,
+        metrics,
+        grad: g,
+    })
+}
