@@ -817,6 +817,7 @@ fn trainer_plan(c: &TrainConfig, learner: &LearnerConfig) -> Result<TrainerPlan,
                 advantage: learner.advantage,
                 shaping: learner.shaping,
                 heartbeat: Duration::from_secs(10),
+                force_custom: false,
             })))
         }
     }

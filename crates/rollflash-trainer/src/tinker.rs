@@ -117,6 +117,9 @@ pub struct TinkerLearnerConfig {
     pub shaping: ShapingConfig,
     /// How often the session is kept alive (SkyRL drops sessions silent for 300 s).
     pub heartbeat: Duration,
+    /// Force the custom path even where the built-in one is equal (to check one against the
+    /// other); `false` lets the loss decide ([`TinkerLossPath::of`]).
+    pub force_custom: bool,
 }
 
 /// The learner of a run whose trainer is a Tinker server.
@@ -153,7 +156,10 @@ impl TinkerLearner {
     /// Opens a session and a LoRA training model on the server. Must be called inside a
     /// tokio runtime (the learner's steps run on blocking threads and call back into it).
     pub async fn connect(cfg: TinkerLearnerConfig) -> Result<TinkerLearner, LearnerError> {
-        let path = TinkerLossPath::of(&cfg.loss).map_err(LearnerError::other)?;
+        let path = match TinkerLossPath::of(&cfg.loss).map_err(LearnerError::other)? {
+            _ if cfg.force_custom => TinkerLossPath::Custom,
+            p => p,
+        };
         cfg.loss.validate()?;
         cfg.shaping.validate()?;
         let client = TinkerClient::new(cfg.client.clone()).map_err(remote)?;

@@ -8,3 +8,4 @@
 mod controller;
 mod faults;
 mod learner;
+mod tinker;

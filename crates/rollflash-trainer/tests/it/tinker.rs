@@ -1,0 +1,160 @@
+//! The Tinker learner's loss paths, without a server: which of our losses take the server's
+//! built-in `importance_sampling`, and the custom path's surrogate, whose gradient under
+//! SkyRL's reduction (`skyrl/backends/jax.py`: each sequence's loss summed over its weighted
+//! tokens and divided by their count, then averaged over the datums) is ours.
+
+use candle_core::{Device, Tensor, Var};
+use rollflash_core::buffer::{Batch, BatchGroup, GroupKey};
+use rollflash_core::{PolicyVersion, Trajectory};
+use rollflash_train::loss::{LossConfig, PgVariant};
+use rollflash_train::LossAgg;
+use rollflash_trainer::tinker::surrogate_advantages;
+use rollflash_trainer::{PackedBatch, TinkerLossPath};
+
+#[test]
+fn decoupled_ppo_without_extras_takes_the_builtin_path_the_rest_the_custom_one() {
+    // AReaL's cap (the default, 5) masks tokens the server's loss would keep: only an
+    // uncapped decoupled PPO is the built-in.
+    let decoupled = LossConfig {
+        pg_variant: PgVariant::DecoupledPpo,
+        loss_agg: LossAgg::SeqMeanTokenMean,
+        behav_imp_weight_cap: None,
+        ..Default::default()
+    };
+    assert_eq!(
+        TinkerLossPath::of(&decoupled),
+        Ok(TinkerLossPath::BuiltinImportanceSampling)
+    );
+    let capped = LossConfig {
+        behav_imp_weight_cap: Some(5.0),
+        ..decoupled.clone()
+    };
+    assert_eq!(
+        LossConfig::default().behav_imp_weight_cap,
+        Some(5.0),
+        "the default cap this test relies on"
+    );
+    assert_eq!(TinkerLossPath::of(&capped), Ok(TinkerLossPath::Custom));
+    let token_mean = LossConfig {
+        loss_agg: LossAgg::TokenMean,
+        ..decoupled.clone()
+    };
+    assert_eq!(TinkerLossPath::of(&token_mean), Ok(TinkerLossPath::Custom));
+    assert_eq!(
+        TinkerLossPath::of(&LossConfig::default()),
+        Ok(TinkerLossPath::Custom)
+    );
+    let kl = LossConfig {
+        kl_coef: 0.1,
+        ..decoupled.clone()
+    };
+    assert!(TinkerLossPath::of(&kl).unwrap_err().contains("kl_coef"));
+    let entropy = LossConfig {
+        entropy_coef: 0.01,
+        ..decoupled
+    };
+    assert!(TinkerLossPath::of(&entropy)
+        .unwrap_err()
+        .contains("entropy_coef"));
+}
+
+/// Two groups: sequences of 3 prompt tokens and 1–4 model tokens, one with none.
+fn batch() -> Batch<Trajectory> {
+    let mut groups = Vec::new();
+    for g in 0..2u64 {
+        let mut samples = Vec::new();
+        for i in 0..3usize {
+            let resp = (g as usize * 3 + i) % 5;
+            let n = 3 + resp;
+            let t = Trajectory {
+                tokens: (0..n as u32).map(|k| 4 + k).collect(),
+                loss_mask: (0..n).map(|k| u8::from(k >= 3)).collect(),
+                logprobs: (0..n)
+                    .map(|k| if k >= 3 { -1.0 - 0.1 * k as f32 } else { 0.0 })
+                    .collect(),
+                versions: vec![PolicyVersion(0); n],
+                prompt_len: 3,
+                index: i,
+                ..Default::default()
+            };
+            samples.push((t, i as f64));
+        }
+        groups.push(BatchGroup {
+            key: GroupKey(g),
+            start: PolicyVersion(0),
+            samples,
+        });
+    }
+    Batch {
+        version: PolicyVersion(0),
+        groups,
+    }
+}
+
+/// The server's `importance_sampling` loss with SkyRL's reduction, computed here with
+/// autograd: its gradient with respect to the current log-probs at ratio 1 must be `g`.
+#[test]
+fn the_surrogate_gradient_under_the_servers_reduction_is_ours() {
+    let b = batch();
+    let p = PackedBatch::new(&b).unwrap();
+    let kept: Vec<usize> = (0..p.n_seq())
+        .filter(|&i| p.mask[p.offsets[i]..p.offsets[i + 1]].iter().any(|&m| m))
+        .collect();
+    assert!(
+        kept.len() < p.n_seq(),
+        "the batch has a sequence without model tokens"
+    );
+    // Some gradient of ours: any values on the model's tokens, 0 elsewhere.
+    let g: Vec<f64> = (0..p.total())
+        .map(|t| {
+            if p.mask[t] {
+                0.37 * (t as f64 - 4.5)
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let adv = surrogate_advantages(&p, &kept, &g);
+    let dev = Device::Cpu;
+    let current: Vec<f64> = p.behav.iter().map(|&x| f64::from(x) + 0.05).collect();
+    let logp = Var::from_tensor(&Tensor::new(current.as_slice(), &dev).unwrap()).unwrap();
+    let q = logp.as_tensor().detach();
+    let ratio = (logp.as_tensor() - &q).unwrap().exp().unwrap();
+    let mut total = Tensor::new(0f64, &dev).unwrap();
+    for &i in &kept {
+        // Datum i: targets are tokens offsets[i]+1 .. offsets[i+1].
+        let (a, e) = (p.offsets[i] + 1, p.offsets[i + 1]);
+        let w: Vec<f64> = p.mask[a..e]
+            .iter()
+            .map(|&m| f64::from(u8::from(m)))
+            .collect();
+        let n_i: f64 = w.iter().sum();
+        let a_t: Vec<f64> = adv[a..e].iter().map(|&x| f64::from(x)).collect();
+        let r = ratio.narrow(0, a, e - a).unwrap();
+        let w = Tensor::new(w.as_slice(), &dev).unwrap();
+        let a_t = Tensor::new(a_t.as_slice(), &dev).unwrap();
+        let seq = ((r * a_t).unwrap() * w)
+            .unwrap()
+            .neg()
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        total = (total + (seq / n_i.max(1e-9)).unwrap()).unwrap();
+    }
+    let loss = (total / kept.len() as f64).unwrap();
+    let grads = loss.backward().unwrap();
+    let got = grads
+        .get(logp.as_tensor())
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap();
+    for t in 0..p.total() {
+        // f32 advantages: a relative error of about 1e-7.
+        assert!(
+            (got[t] - g[t]).abs() <= 1e-6 * (1.0 + g[t].abs()),
+            "token {t}: the surrogate's gradient {} differs from ours {}",
+            got[t],
+            g[t]
+        );
+    }
+}
