@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 use rollflash_core::buffer::Accounting;
-use rollflash_env::envs::dataset::DataCursor;
+use rollflash_env::envs::dataset_task::DataCursor;
 use rollflash_model::config::ModelConfig;
 use rollflash_model::lora::Adapters;
 use rollflash_model::tokenizer::Tokenizer;

@@ -42,7 +42,7 @@ pub struct SampledEval {
 
 /// Episode seeds for evaluation, far from the training seeds so no task is shared; the
 /// dataset task maps these seeds to its held-out rows.
-const EVAL_SEED_BASE: u64 = rollflash_env::envs::dataset::HELD_OUT_SEED_BASE;
+const EVAL_SEED_BASE: u64 = rollflash_env::envs::dataset_task::HELD_OUT_SEED_BASE;
 
 /// The reward at or above which an episode of `env` counts as a success: the math task's
 /// (and tool use's) exact answer scores 1; FrozenLake's goal scores its goal reward; a

@@ -979,7 +979,7 @@ impl RunSink {
 fn data_cursor(
     data: Option<&rollflash_env::envs::DatasetTaskConfig>,
     cursor: Cursor,
-) -> Option<rollflash_env::envs::dataset::DataCursor> {
+) -> Option<rollflash_env::envs::dataset_task::DataCursor> {
     data.and_then(|d| d.cursor(cursor.next_seed).ok())
 }
 

@@ -11,7 +11,7 @@
 //! files, the remote protocol ([`crate::remote`]) and `rollflash env-serve`; [`make_env`]
 //! turns one into a boxed [`Env`].
 
-pub mod dataset;
+pub mod dataset_task;
 pub mod frozen_lake;
 pub mod sokoban;
 pub mod tool_use;
@@ -23,7 +23,7 @@ use crate::env::{Env, EnvError};
 use crate::latency::{FailureConfig, Flaky, LatencyConfig};
 use crate::math_task::{MathEnv, MathTaskConfig};
 
-pub use dataset::{DataFile, DatasetEnv, DatasetTaskConfig};
+pub use dataset_task::{DataFile, DatasetEnv, DatasetTaskConfig};
 pub use frozen_lake::{FrozenLake, FrozenLakeConfig};
 pub use sokoban::{Sokoban, SokobanConfig};
 pub use tool_use::{ToolUse, ToolUseConfig};

@@ -1,4 +1,4 @@
-//! Tests of the dataset task (`envs::dataset`): rows for seeds, splits, templates, rewards,
+//! Tests of the dataset task (`envs::dataset_task`): rows for seeds, splits, templates, rewards,
 //! and the bad-data errors at config load.
 
 use std::collections::HashSet;
@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use parquet::arrow::ArrowWriter;
-use rollflash_env::envs::dataset::{render_template, AnswerRule, HELD_OUT_SEED_BASE};
+use rollflash_env::envs::dataset_task::{render_template, AnswerRule, HELD_OUT_SEED_BASE};
 use rollflash_env::envs::{make_env, DataFile, DatasetEnv, DatasetTaskConfig, EnvConfig, EnvSpec};
 use rollflash_env::Env;
 use serde_json::json;
@@ -595,7 +595,7 @@ fn bad_conversations_name_file_row_and_message_field() {
 /// rows name file, line and field.
 #[tokio::test]
 async fn countdown_rows_are_scored_by_the_countdown_check() {
-    use rollflash_env::envs::dataset::DatasetReward;
+    use rollflash_env::envs::dataset_task::DatasetReward;
     let dir = tempfile::tempdir().unwrap();
     let rows = [
         json!({"q": "Use 3 5 7 to make 22", "target": 22, "nums": [3, 5, 7]}),
@@ -663,7 +663,7 @@ async fn countdown_rows_are_scored_by_the_countdown_check() {
 #[tokio::test]
 async fn countdown_numbers_from_a_parquet_list_column() {
     use arrow_array::builder::{Int64Builder, ListBuilder};
-    use rollflash_env::envs::dataset::DatasetReward;
+    use rollflash_env::envs::dataset_task::DatasetReward;
     let dir = tempfile::tempdir().unwrap();
     let mut nums = ListBuilder::new(Int64Builder::new());
     for row in [[3i64, 5, 7], [2, 4, 9]] {
@@ -718,7 +718,7 @@ async fn countdown_numbers_from_a_parquet_list_column() {
 /// boxed, and countdown's reference expression, tagged.
 #[tokio::test]
 async fn reasoning_gym_fixtures_load_and_their_own_answers_score() {
-    use rollflash_env::envs::dataset::DatasetReward;
+    use rollflash_env::envs::dataset_task::DatasetReward;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../configs/data/reasoning_gym");
     let rows = |name: &str| -> Vec<serde_json::Value> {
         std::fs::read_to_string(root.join(name))
