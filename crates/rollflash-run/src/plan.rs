@@ -133,13 +133,15 @@ pub enum BackendPlan {
 impl BackendPlan {
     /// Whether it loads each published version from `RunPlan::weights_dir`.
     pub fn takes_disk_weights(&self) -> bool {
-        matches!(
-            self,
+        match self {
+            // A Tinker sampler loads the learner's `tinker://` paths, never a directory.
             BackendPlan::Remote {
-                weights: ServerWeights::Disk,
+                kind: ServerKind::Tinker,
                 ..
-            }
-        )
+            } => false,
+            BackendPlan::Remote { weights, .. } => *weights == ServerWeights::Disk,
+            BackendPlan::Engine { .. } => false,
+        }
     }
 }
 
@@ -699,8 +701,13 @@ impl RunPlan {
                     .unwrap_or("not trainable there"),
             ));
         }
-        out.push(match &self.lora {
-            Some(l) => format!(
+        out.push(match (&self.trainer, &self.lora) {
+            (TrainerPlan::Tinker(t), _) => format!(
+                "training: a LoRA adapter of rank {} on the Tinker server (its base frozen there)",
+                t.lora_rank
+            ),
+            (TrainerPlan::Embedded, lora) => match lora {
+                Some(l) => format!(
                 "training: LoRA adapters (PEFT), rank {}, alpha {} (scale {}), dropout {}, on {}; \
                  base frozen (no gradients, no optimizer state); engines apply them unmerged, \
                  servers load them merged; checkpoints add adapter_config.json and \
@@ -711,7 +718,8 @@ impl RunPlan {
                 l.dropout,
                 l.target_modules.join(", ")
             ),
-            None => "training: every weight (full fine-tuning)".into(),
+                None => "training: every weight (full fine-tuning)".into(),
+            },
         });
         for b in &self.backends {
             match b {
@@ -740,8 +748,10 @@ impl RunPlan {
                         ServerKind::Rollflash => "rollflash serve (SGLang-native API)",
                         ServerKind::Tinker => "Tinker sampler",
                     },
-                    match (weights, &self.weights_dir) {
-                        (ServerWeights::Disk, Some(d)) =>
+                    match (kind, weights, &self.weights_dir) {
+                        (ServerKind::Tinker, ..) =>
+                            "loads each version by the tinker:// path the learner saved".into(),
+                        (_, ServerWeights::Disk, Some(d)) =>
                             format!("loads each version from {}", d.display()),
                         _ => "keeps its own weights".into(),
                     },

@@ -315,7 +315,7 @@ pub struct LossConfig {
     /// Kimi 1.5's τ (ROLL `kimi15_tau`, 0.1).
     pub kimi15_tau: f64,
     /// Decoupled PPO: behaviour weights above this get weight 0 (AReaL's old default 5.0);
-    /// `None` keeps every token.
+    /// `None` (or `inf`, as a TOML file says it) keeps every token.
     pub behav_imp_weight_cap: Option<f64>,
     /// Decoupled PPO: AReaL's rejection sampling of the behaviour weight (mask or clamp, by
     /// token or sequence); when set it **replaces** `behav_imp_weight_cap`, as in AReaL.
@@ -443,7 +443,13 @@ impl LossConfig {
             "must be >= 0",
         )?;
         if let Some(cap) = c.behav_imp_weight_cap {
-            check(cap > 0.0, "behav_imp_weight_cap", cap, "must be > 0")?;
+            // `inf` is allowed: a cap that never binds (TOML has no null for "none").
+            if !(cap > 0.0) {
+                return Err(TrainError::config(
+                    "behav_imp_weight_cap",
+                    format!("{cap} must be > 0 (inf: no cap)"),
+                ));
+            }
         }
         if let Some(rs) = &c.rejection_sampling {
             if c.pg_variant != PgVariant::DecoupledPpo {

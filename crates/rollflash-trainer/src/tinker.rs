@@ -74,7 +74,8 @@ impl TinkerLossPath {
             );
         }
         let builtin = loss.pg_variant == PgVariant::DecoupledPpo
-            && loss.behav_imp_weight_cap.is_none()
+            // No cap, or one that never binds (`inf`: TOML has no null).
+            && loss.behav_imp_weight_cap.is_none_or(f64::is_infinite)
             && loss.rejection_sampling.is_none()
             && loss.correction == Default::default()
             && loss.loss_agg == LossAgg::SeqMeanTokenMean;
@@ -308,6 +309,12 @@ impl TinkerLearner {
                     .await
                     .map_err(remote)?;
                 let current = current_logprobs(&packed, &kept, &out.outputs)?;
+                // The server's own value of the loss (its per-token losses, reduced as it
+                // reduces them): ours must agree, which the tests check.
+                metrics.push((
+                    "server_loss".to_string(),
+                    server_loss(&packed, &kept, &out.outputs),
+                ));
                 let ours = loss_at(
                     &packed,
                     &kept,
@@ -439,6 +446,28 @@ fn current_logprobs(
         all[a + 1..b].copy_from_slice(&lp);
     }
     Ok(all)
+}
+
+/// The server's loss as it reduces it: each datum's per-token losses summed and divided by
+/// its weighted tokens, then the mean over datums.
+fn server_loss(
+    p: &PackedBatch<'_>,
+    kept: &[usize],
+    outputs: &[rollflash_tinker::DatumOutput],
+) -> f64 {
+    let mut total = 0.0;
+    for (&i, o) in kept.iter().zip(outputs) {
+        let (a, b) = (p.offsets[i], p.offsets[i + 1]);
+        let n_i = p.mask[a + 1..b].iter().filter(|&&m| m).count().max(1) as f64;
+        let sum: f64 = o
+            .elementwise_loss()
+            .unwrap_or_default()
+            .iter()
+            .map(|&x| f64::from(x))
+            .sum();
+        total += sum / n_i;
+    }
+    total / kept.len().max(1) as f64
 }
 
 /// Mean of `behav − current` over the model's tokens: the train–inference mismatch.

@@ -35,6 +35,15 @@ fn decoupled_ppo_without_extras_takes_the_builtin_path_the_rest_the_custom_one()
         "the default cap this test relies on"
     );
     assert_eq!(TinkerLossPath::of(&capped), Ok(TinkerLossPath::Custom));
+    // A cap that never binds (`behav_imp_weight_cap = inf` in TOML) is no cap.
+    let never = LossConfig {
+        behav_imp_weight_cap: Some(f64::INFINITY),
+        ..decoupled.clone()
+    };
+    assert_eq!(
+        TinkerLossPath::of(&never),
+        Ok(TinkerLossPath::BuiltinImportanceSampling)
+    );
     let token_mean = LossConfig {
         loss_agg: LossAgg::TokenMean,
         ..decoupled.clone()
