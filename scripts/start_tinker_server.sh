@@ -14,7 +14,8 @@
 # (`skyrl/tinker/api.py` `_get_parent_uv_run_args`), so the parent must be a real `uv run`.
 #
 # Environment: TINKER_READY_TIMEOUT (seconds, default 300) bounds the wait;
-# TINKER_BACKEND_CONFIG overrides the JAX backend's JSON settings.
+# TINKER_BACKEND_CONFIG overrides the JAX backend's JSON settings; ROLLFLASH_PARENT_PID (a pid)
+# stops the server when that process exits (see the watchdog below).
 # Exit codes: 1 = usage, 2/3/4/5 = setup failed (see setup_tinker_server.sh), 6 = the server
 # exited, 7 = not ready in time (the server is stopped), 8 = the port is taken.
 set -euo pipefail
@@ -67,6 +68,24 @@ setsid "$TINKER_VENV/bin/uv" run --no-project --python "$TINKER_VENV/bin/python"
   >"$LOG" 2>&1 </dev/null &
 PID=$!
 echo "$PID" >"$PIDFILE"
+
+# ROLLFLASH_PARENT_PID: a watchdog outside the server's process group stops the server when
+# that process (a test binary) dies without stopping it, so a killed test leaves nothing
+# running. It exits on its own once the server is gone. Its output goes to /dev/null: a
+# caller reading this script's stdout to the end must not wait for it.
+if [ -n "${ROLLFLASH_PARENT_PID:-}" ]; then
+  (
+    while kill -0 "$ROLLFLASH_PARENT_PID" 2>/dev/null && kill -0 "$PID" 2>/dev/null; do
+      sleep 2
+    done
+    if kill -0 "$PID" 2>/dev/null; then
+      kill -TERM "$PID" 2>/dev/null || true
+      sleep 5
+      kill -KILL -- "-$PID" 2>/dev/null || true
+    fi
+  ) </dev/null >/dev/null 2>&1 &
+  disown
+fi
 
 stop_and_fail() {
   local code="$1" msg="$2"

@@ -8,6 +8,9 @@
 //! protobuf `forward_backward` body, protobuf results of forward/forward_backward/sample
 //! (`proto.rs`); see `../shared/TINKER.md` for the wire captures.
 //!
+//! `local.rs` starts a real SkyRL server on this machine for tests (the one part that is not
+//! the protocol: it runs the project's scripts).
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), rollflash_tinker::TinkerError> {
 //! use rollflash_tinker::{AdamParams, ClientConfig, Datum, LoraConfig, TinkerClient};
@@ -23,6 +26,7 @@
 pub mod client;
 pub mod datum;
 pub mod heartbeat;
+pub mod local;
 pub mod proto;
 pub mod types;
 
@@ -31,4 +35,5 @@ pub use client::{
 };
 pub use datum::{Datum, DatumOutput, ForwardOutput, LossInput, SampleOutput, Sequence, StopReason};
 pub use heartbeat::{Heartbeat, HeartbeatReport};
+pub use local::{LocalServer, LocalServerError};
 pub use types::{AdamParams, LoraConfig, SamplingParams};

@@ -16,11 +16,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rollflash_tinker::{
-    AdamParams, ClientConfig, Datum, ForwardOutput, Heartbeat, LoraConfig, SamplerSource,
-    SamplingParams, StopReason, TinkerClient, TinkerError,
+    AdamParams, ClientConfig, Datum, ForwardOutput, Heartbeat, LocalServer, LocalServerError,
+    LoraConfig, SamplerSource, SamplingParams, StopReason, TinkerClient, TinkerError,
 };
-
-use crate::server::{self, NoServer, Server};
 
 const LR: f64 = 1e-2;
 const EOS: i32 = 2;
@@ -186,27 +184,30 @@ fn client(url: &str) -> TinkerClient {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_skyrl_server() {
-    let server = match tokio::task::spawn_blocking(server::start).await.unwrap() {
+    let server = match tokio::task::spawn_blocking(LocalServer::start)
+        .await
+        .unwrap()
+    {
         Ok(s) => s,
-        Err(NoServer::Skip(why)) => {
+        Err(LocalServerError::Unavailable(why)) => {
             eprintln!("SKIPPED real_skyrl_server: {why}");
             return;
         }
-        Err(NoServer::Fail(why)) => panic!("{why}"),
+        Err(e) => panic!("{e}: {e:?}"),
     };
     let result = tokio::time::timeout(Duration::from_secs(900), checks(&server)).await;
     match result {
         Ok(()) => {}
         Err(_) => panic!(
             "the checks took over 15 minutes; server log:\n{}",
-            server.log_tail()
+            server.log_tail(40)
         ),
     }
     drop(server);
 }
 
-async fn checks(server: &Server) {
-    let c = client(&server.url);
+async fn checks(server: &LocalServer) {
+    let c = client(server.url());
     let t0 = std::time::Instant::now();
     let lap = |what: &str| eprintln!("[{:6.1} s] {what}", t0.elapsed().as_secs_f64());
 
@@ -217,13 +218,13 @@ async fn checks(server: &Server) {
         .iter()
         .filter_map(|m| m.model_name.clone())
         .collect();
-    assert_eq!(names, vec![server.model.clone()]);
+    assert_eq!(names, vec![server.base_model().to_string()]);
 
     let session = c.create_session(vec!["rollflash-it".into()]).await.unwrap();
     let heartbeat = Heartbeat::spawn(c.clone(), session.clone(), Duration::from_secs(2));
 
     let model_a = c
-        .create_model(&session, 0, &server.model, LoraConfig::new(8, Some(0)))
+        .create_model(&session, 0, server.base_model(), LoraConfig::new(8, Some(0)))
         .await
         .unwrap();
     let info = c.get_info(&model_a.model_id).await.unwrap();
@@ -241,7 +242,7 @@ async fn checks(server: &Server) {
     // Determinism: a fresh model with the same seed, on the same data, gives the same
     // numbers, bit for bit.
     let model_b = c
-        .create_model(&session, 1, &server.model, LoraConfig::new(8, Some(0)))
+        .create_model(&session, 1, server.base_model(), LoraConfig::new(8, Some(0)))
         .await
         .unwrap();
     let run_b = run_schedule(&c, &model_b.model_id, &steps).await;
@@ -382,7 +383,7 @@ async fn checks(server: &Server) {
 
     // Base-model sampling (the reserved adapter slot 0).
     let base = c
-        .create_sampling_session(&session, 1, SamplerSource::BaseModel(&server.model))
+        .create_sampling_session(&session, 1, SamplerSource::BaseModel(server.base_model()))
         .await
         .unwrap();
     let b = c.sample(&base, 1, &prompt, 1, greedy, false).await.unwrap();
@@ -393,7 +394,7 @@ async fn checks(server: &Server) {
     let state = c.save_state(&model_a.model_id, "state-1").await.unwrap();
     assert!(state.contains("/weights/state-1"), "{state}");
     let model_c = c
-        .create_model(&session, 2, &server.model, LoraConfig::new(8, Some(123)))
+        .create_model(&session, 2, server.base_model(), LoraConfig::new(8, Some(123)))
         .await
         .unwrap();
     c.load_state(&model_c.model_id, &state, true).await.unwrap();
@@ -450,7 +451,7 @@ async fn checks(server: &Server) {
 /// deterministic, and both clients send the same f32/int64 bytes. Returns the SDK's greedy
 /// sample of `prompt` from its trained weights (tokens, logprobs).
 async fn sdk_crosscheck(
-    server: &Server,
+    server: &LocalServer,
     c: &TinkerClient,
     steps: &[Step],
     ours: &Run,
@@ -471,7 +472,7 @@ async fn sdk_crosscheck(
         serde_json::json!({"tokens": d.model_input, "loss_fn_inputs": inputs})
     };
     let plan = serde_json::json!({
-        "base_model": server.model,
+        "base_model": server.base_model(),
         "rank": 8,
         "seed": 0,
         "adam": {"learning_rate": LR, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12},
@@ -486,10 +487,10 @@ async fn sdk_crosscheck(
     std::fs::write(&plan_path, plan.to_string()).unwrap();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../scripts/tinker/sdk_crosscheck.py");
-    let out = tokio::process::Command::new(&server.python)
+    let out = tokio::process::Command::new(server.python())
         .arg(script)
         .arg("--url")
-        .arg(&server.url)
+        .arg(server.url())
         .arg("--plan")
         .arg(&plan_path)
         .output()
