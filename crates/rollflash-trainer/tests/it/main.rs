@@ -9,3 +9,4 @@ mod controller;
 mod faults;
 mod learner;
 mod tinker;
+mod tinker_server;

@@ -119,7 +119,10 @@ async fn one_step(mut l: TinkerLearner, b: Batch<Trajectory>) -> (TinkerLearner,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tinker_learner_on_a_real_server() {
-    let server = match tokio::task::spawn_blocking(LocalServer::start).await.unwrap() {
+    let server = match tokio::task::spawn_blocking(LocalServer::start)
+        .await
+        .unwrap()
+    {
         Ok(s) => s,
         Err(e) => {
             eprintln!("SKIPPED the_tinker_learner_on_a_real_server: {e}");
@@ -136,6 +139,7 @@ async fn the_tinker_learner_on_a_real_server() {
     let (l, report) = suite(l, b.clone()).await;
     for s in &report.steps {
         let (ours, theirs) = (s.loss, metric(s, "server_loss"));
+        eprintln!("built-in path: our loss {ours}, the server's {theirs}");
         assert!(
             (ours - theirs).abs() <= 1e-4 * (1.0 + theirs.abs()),
             "our decoupled PPO {ours} against the server's importance_sampling {theirs}"
@@ -156,6 +160,10 @@ async fn the_tinker_learner_on_a_real_server() {
     let (a, sa) = one_step(a, b.clone()).await;
     let (c, sc) = one_step(c, b.clone()).await;
     let (ga, gc) = (metric(&sa, "grad_norm"), metric(&sc, "grad_norm"));
+    eprintln!(
+        "first step: built-in grad norm {ga} loss {}, surrogate grad norm {gc} loss {}",
+        sa.loss, sc.loss
+    );
     assert!(
         (ga - gc).abs() <= 1e-3 * ga,
         "grad norm built-in {ga}, through the surrogate {gc}"
