@@ -408,6 +408,18 @@ impl LearnerSection {
     fn validate(&self, c: &TrainConfig) -> Result<(), ConfigError> {
         check_key("learner", &self.api_key, &self.api_key_env)?;
         if self.kind == LearnerKind::Embedded {
+            if let Some(i) = c
+                .rollout
+                .servers
+                .iter()
+                .position(|s| s.kind == ServerKind::Tinker)
+            {
+                return Err(field(
+                    &format!("rollout.servers[{i}].kind"),
+                    "a Tinker sampler serves only what a Tinker server trains: set \
+                     learner.kind = \"tinker\" (the embedded learner's weights cannot reach it)",
+                ));
+            }
             return Ok(());
         }
         if self.url.as_deref().is_none_or(str::is_empty) {

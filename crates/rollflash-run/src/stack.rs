@@ -539,6 +539,16 @@ impl Stack {
         for r in futures::future::join_all(checks).await {
             r?;
         }
+        // Tinker samplers start on the server's base model (version 0) and load only the
+        // learner's `tinker://` paths: there are no starting weights of ours to give them.
+        if self
+            .fleet
+            .remotes
+            .iter()
+            .all(|r| r.kind == ServerKind::Tinker)
+        {
+            return Ok(());
+        }
         let update = WeightUpdate::InProcess {
             model: Arc::clone(&self.fleet.snapshot),
             version: self.fleet.version,
