@@ -246,7 +246,7 @@ impl LocalServer {
                             pid: Some(launched.pid),
                             _tmp: tmp,
                         }),
-                    })
+                    });
                 }
                 // Another process took the port between our probe and the server's bind.
                 Err(Launch::PortTaken(e)) => last = Some(e),
@@ -295,9 +295,7 @@ impl LocalServer {
 
     fn own_mut(&mut self) -> Result<&mut Own, LocalServerError> {
         let url = self.url.clone();
-        self.own
-            .as_mut()
-            .ok_or(LocalServerError::External(url))
+        self.own.as_mut().ok_or(LocalServerError::External(url))
     }
 
     /// Kills the server's whole process group with SIGKILL, as a crash would, and waits
@@ -400,7 +398,9 @@ fn launch(port: u16, run_dir: &Path) -> Result<Launched, Launch> {
     }
     let pid = kv(&stdout, "TINKER_PID")
         .and_then(|p| p.parse().ok())
-        .ok_or_else(|| Launch::Failed(LocalServerError::failed("the script printed no TINKER_PID")))?;
+        .ok_or_else(|| {
+            Launch::Failed(LocalServerError::failed("the script printed no TINKER_PID"))
+        })?;
     Ok(Launched {
         url: kv(&stdout, "TINKER_URL").unwrap_or_else(|| format!("http://127.0.0.1:{port}")),
         model: kv(&stdout, "TINKER_MODEL"),

@@ -224,7 +224,12 @@ async fn checks(server: &LocalServer) {
     let heartbeat = Heartbeat::spawn(c.clone(), session.clone(), Duration::from_secs(2));
 
     let model_a = c
-        .create_model(&session, 0, server.base_model(), LoraConfig::new(8, Some(0)))
+        .create_model(
+            &session,
+            0,
+            server.base_model(),
+            LoraConfig::new(8, Some(0)),
+        )
         .await
         .unwrap();
     let info = c.get_info(&model_a.model_id).await.unwrap();
@@ -242,7 +247,12 @@ async fn checks(server: &LocalServer) {
     // Determinism: a fresh model with the same seed, on the same data, gives the same
     // numbers, bit for bit.
     let model_b = c
-        .create_model(&session, 1, server.base_model(), LoraConfig::new(8, Some(0)))
+        .create_model(
+            &session,
+            1,
+            server.base_model(),
+            LoraConfig::new(8, Some(0)),
+        )
         .await
         .unwrap();
     let run_b = run_schedule(&c, &model_b.model_id, &steps).await;
@@ -394,7 +404,12 @@ async fn checks(server: &LocalServer) {
     let state = c.save_state(&model_a.model_id, "state-1").await.unwrap();
     assert!(state.contains("/weights/state-1"), "{state}");
     let model_c = c
-        .create_model(&session, 2, server.base_model(), LoraConfig::new(8, Some(123)))
+        .create_model(
+            &session,
+            2,
+            server.base_model(),
+            LoraConfig::new(8, Some(123)),
+        )
         .await
         .unwrap();
     c.load_state(&model_c.model_id, &state, true).await.unwrap();
