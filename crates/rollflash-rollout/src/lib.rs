@@ -1,7 +1,8 @@
 //! `rollflash-rollout`: the rollout plane. The [`Backend`] trait and its implementations (the
-//! embedded engine, SGLang-native and OpenAI-compatible HTTP servers), the `LLMProxy` that
-//! queues, routes and replicates requests in front of them, the HTTP server behind
-//! `rollflash serve`, and the `EnvManager` that runs one trajectory through an environment.
+//! embedded engine, SGLang-native, OpenAI-compatible and vLLM HTTP servers, a Tinker server's
+//! sampling API), the `LLMProxy` that queues, routes and replicates requests in front of them,
+//! the HTTP server behind `rollflash serve`, and the `EnvManager` that runs one trajectory
+//! through an environment.
 
 pub mod backend;
 pub mod engine_backend;
@@ -20,7 +21,8 @@ pub use env_manager::{
 };
 pub use http::{
     probe_server, server_tokenize, ChatCompletion, HttpBackendConfig, OpenAiBackend, OpenAiConfig,
-    ServerApi, ServerInfo, SglangBackend, VllmBackend, VllmPause, WeightHook,
+    ServerApi, ServerInfo, SglangBackend, TinkerBackend, TinkerBackendConfig, VllmBackend,
+    VllmPause, WeightHook,
 };
 pub use instant::InstantBackend;
 pub use proxy::{

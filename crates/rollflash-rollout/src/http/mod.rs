@@ -1,6 +1,8 @@
 //! HTTP client backends: [`SglangBackend`] for SGLang's native API (and `rollflash serve`),
 //! [`VllmBackend`] for vLLM on its own RL routes, [`OpenAiBackend`] for OpenAI-compatible
-//! servers (`rollflash serve`, others).
+//! servers (`rollflash serve`, others), [`TinkerBackend`] for a Tinker server's sampling API
+//! (through `rollflash-tinker`'s client, which has its own transport and retries; it shares
+//! only the registry of requests in flight, the seed and the resume split below).
 //!
 //! This module holds what both share: the connection settings ([`HttpBackendConfig`]), one
 //! `reqwest` client with bounded retries and exponential backoff, the mapping of transport
@@ -14,6 +16,7 @@
 
 mod openai;
 mod sglang;
+mod tinker;
 mod vllm;
 
 use std::collections::HashMap;
@@ -27,6 +30,7 @@ use tokio::sync::Notify;
 
 pub use openai::{ChatCompletion, OpenAiBackend, OpenAiConfig, WeightHook};
 pub use sglang::SglangBackend;
+pub use tinker::{TinkerBackend, TinkerBackendConfig};
 pub use vllm::{VllmBackend, VllmPause};
 
 use crate::backend::BackendError;

@@ -1,5 +1,6 @@
 //! Integration tests of `rollflash-rollout`: backends (conformance), proxy, HTTP, EnvManager,
-//! and `VllmBackend` against a real vLLM server.
+//! `VllmBackend` against a real vLLM server, and `TinkerBackend` against a real SkyRL Tinker
+//! server.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,4 +14,5 @@ mod http;
 mod paths;
 mod proxy;
 mod publish;
+mod tinker;
 mod vllm;
