@@ -25,7 +25,7 @@ use rollflash_rollout::{
     probe_server, Backend, BackendEntry, DiskWeights, EngineBackend, EngineBackendConfig,
     EnvFactory, EnvManager, EnvManagerConfig, FixedWeights, HttpBackendConfig, LlmProxy,
     OpenAiBackend, OpenAiConfig, PauseMode, ProxyError, Renderer, ServerApi, SglangBackend,
-    VllmBackend, WeightHook, WeightPublisher, WeightUpdate,
+    TinkerBackend, TinkerBackendConfig, VllmBackend, WeightHook, WeightPublisher, WeightUpdate,
 };
 use rollflash_trainer::StopFlag;
 use tokio::sync::watch;
@@ -440,6 +440,22 @@ impl Stack {
                     None,
                 ),
                 BackendPlan::Remote {
+                    kind: ServerKind::Tinker,
+                    http,
+                    max_running_requests,
+                    model,
+                    weight_sync_timeout,
+                    ..
+                } => {
+                    // It loads the learner's `tinker://` paths itself: no weight route around it.
+                    let client = tinker_backend(http, model.as_deref(), version, policy)?;
+                    remotes.push(Remote {
+                        kind: ServerKind::Tinker,
+                        http: http.clone(),
+                    });
+                    (client, *max_running_requests, Some(*weight_sync_timeout))
+                }
+                BackendPlan::Remote {
                     kind,
                     http,
                     max_running_requests,
@@ -609,13 +625,42 @@ fn remote_backend(
                 None => b,
             })
         }
+        // Connected by `tinker_backend`, which the stack calls for this kind.
         ServerKind::Tinker => {
             return Err(StackError::Server {
                 url: http.base_url.clone(),
-                problem: "the Tinker sampler backend is not part of this build yet".into(),
+                problem: "a Tinker sampler is built by the stack, not as an HTTP client".into(),
             })
         }
     })
+}
+
+/// A Tinker server's sampler on `model` (the server's first when `None`), at `version` until
+/// the learner's first update. Opening its session is a call to the server: made here, on
+/// this runtime thread (`block_in_place`), so a server that is down is named when the stack
+/// is built.
+fn tinker_backend(
+    http: &HttpBackendConfig,
+    model: Option<&str>,
+    version: PolicyVersion,
+    policy: &Policy,
+) -> Result<Arc<dyn Backend>, StackError> {
+    let mut cfg = TinkerBackendConfig::new(http.base_url.clone());
+    cfg.api_key = http.api_key.clone();
+    cfg.base_model = model.map(str::to_string);
+    cfg.sample_deadline = http.timeout;
+    cfg.request_timeout = http.connect_timeout.max(std::time::Duration::from_secs(30));
+    cfg.vocab_size = Some(policy.model_cfg.vocab_size);
+    cfg.initial_version = version;
+    let rt = tokio::runtime::Handle::current();
+    let b =
+        tokio::task::block_in_place(|| rt.block_on(TinkerBackend::connect(cfg))).map_err(|e| {
+            StackError::Server {
+                url: http.base_url.clone(),
+                problem: format!("the Tinker sampler could not connect: {e}"),
+            }
+        })?;
+    Ok(Arc::new(b))
 }
 
 /// The servers of a stack, for the start-up checks and the first weight load.

@@ -203,7 +203,18 @@ impl LocalServer {
     /// Installs (if needed) and starts a server serving the tiny model on a free port, and
     /// waits until its engine is ready. Blocking.
     pub fn start() -> Result<LocalServer, LocalServerError> {
+        Self::start_with(None)
+    }
+
+    /// As [`LocalServer::start`], serving the Hugging Face directory `model_dir` (one the
+    /// server's backend can load) instead of the tiny model.
+    pub fn start_serving(model_dir: &Path) -> Result<LocalServer, LocalServerError> {
+        Self::start_with(Some(model_dir))
+    }
+
+    fn start_with(model: Option<&Path>) -> Result<LocalServer, LocalServerError> {
         let setup = setup()?;
+        let model_dir = model.map_or_else(|| setup.model_dir.clone(), Path::to_path_buf);
         let python = setup.venv.join("bin/python");
         if let Ok(url) = std::env::var("ROLLFLASH_TINKER_URL") {
             let url = url.trim_end_matches('/').to_string();
@@ -230,15 +241,15 @@ impl LocalServer {
         let mut last = None;
         for _ in 0..PORT_TRIES {
             let port = free_port()?;
-            match launch(port, &run_dir) {
+            match launch(port, &run_dir, &model_dir) {
                 Ok(launched) => {
                     let base_model = launched
                         .model
-                        .unwrap_or_else(|| setup.model_dir.to_string_lossy().into_owned());
+                        .unwrap_or_else(|| model_dir.to_string_lossy().into_owned());
                     return Ok(LocalServer {
                         url: launched.url,
                         port,
-                        model_dir: setup.model_dir,
+                        model_dir,
                         base_model,
                         python,
                         own: Some(Own {
@@ -322,7 +333,8 @@ impl LocalServer {
             stop(pid);
         }
         let run_dir = own.run_dir.clone();
-        let launched = launch(port, &run_dir).map_err(|e| match e {
+        let model_dir = self.model_dir.clone();
+        let launched = launch(port, &run_dir, &model_dir).map_err(|e| match e {
             Launch::PortTaken(e) | Launch::Failed(e) => e,
         })?;
         self.own_mut()?.pid = Some(launched.pid);
@@ -360,12 +372,14 @@ enum Launch {
     Failed(LocalServerError),
 }
 
-/// Runs `start_tinker_server.sh PORT RUN_DIR`, which returns once the engine is ready.
-fn launch(port: u16, run_dir: &Path) -> Result<Launched, Launch> {
+/// Runs `start_tinker_server.sh PORT RUN_DIR MODEL_DIR`, which returns once the engine is
+/// ready.
+fn launch(port: u16, run_dir: &Path, model_dir: &Path) -> Result<Launched, Launch> {
     let out = Command::new("bash")
         .arg(scripts_dir().join("start_tinker_server.sh"))
         .arg(port.to_string())
         .arg(run_dir)
+        .arg(model_dir)
         // The script's watchdog ends the server if this process dies without dropping it.
         .env("ROLLFLASH_PARENT_PID", std::process::id().to_string())
         .stdin(Stdio::null())

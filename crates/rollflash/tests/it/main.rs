@@ -25,5 +25,6 @@ mod secrets;
 mod serve;
 mod serve_faults;
 mod tensorboard;
+mod tinker;
 mod util;
 mod warmup_cache;
