@@ -28,6 +28,13 @@
 //! report the old version; later ones use the new. Other updates are refused: a Tinker server
 //! holds its own weights.
 //!
+//! Restarts: SkyRL keeps its sessions and sampling sessions in its database but its models
+//! in the engine's memory, so after a restart this backend is healthy (its session is still
+//! there) while samples from a trained checkpoint fail (`Model … not loaded`) until a trainer
+//! re-creates the model from its saved state and publishes sampler weights again. Such
+//! failures are `Unavailable` (see [`map_error`]), so the proxy takes the backend out of
+//! rotation and its probe brings it back with the next weights that load.
+//!
 //! The protocol has no abort and no pause, so both are client-side:
 //! - `abort(id)` drops our wait for the request's future and returns it with
 //!   `FinishReason::Aborted` and no new tokens (a sample comes back whole or not at all);
