@@ -589,315 +589,17 @@ impl<L: Learner> AsyncController<L> {
     /// As [`AsyncController::run_returning_learner`], showing every step to `sink` as it
     /// is published. A stalled run returns `Ok` with [`RunReport::end`] saying so and the
     /// learner at the last published version, so the caller can checkpoint it.
+    ///
+    /// It reads like the simulator's dispatch: the core's actions are carried out one by
+    /// one ([`Driver::act`]), then the driver waits for the next event ([`Driver::next_event`])
+    /// and hands it to the core, until an action ends the run; then [`Driver::close`] drains.
     pub async fn run_with_sink(
-        mut self,
+        self,
         sink: &mut dyn StepSink<L>,
     ) -> Result<(RunReport, Option<L>), ControllerError> {
-        let start = Instant::now();
-        let clock = move || start.elapsed();
-        let core_cfg = CoreConfig {
-            buffer: self.cfg.buffer.clone(),
-            redundancy: self.cfg.redundancy,
-            steps: self.cfg.steps,
-            seed: self.cfg.seed,
-            serve_timeout: self.cfg.serve_timeout,
-            progress_timeout: self.cfg.progress_timeout,
-        };
-        let mut core = ControllerCore::new(core_cfg, self.resume, clock())?;
-        let mut groups: JoinSet<GroupDone> = JoinSet::new();
-        let mut training: Option<tokio::task::JoinHandle<TrainDone<L>>> = None;
-        let mut trained: Option<Trained> = None;
-        let mut steps = Vec::new();
-        let mut todo: VecDeque<CoreAction<Trajectory>> = VecDeque::new();
-        let mut out = Vec::new();
-        let mut result = Ok(());
-        let mut end = RunEnd::Completed;
-        let stop = self.stop.clone().unwrap_or_default();
-        core.handle(clock(), CoreEvent::Tick, &mut out);
-        todo.extend(out.drain(..));
-        // Whether some backend is in rotation, as the proxy sees it change: the whole fleet
-        // going down between syncs starts the same serve deadline as a sync nobody loaded.
-        let mut fleet = self.proxy.serving();
-        let mut fleet_open = true;
-        let mut stall_reports = Vec::new();
-        let mut last_report = Duration::ZERO;
-        // When the running step started (Unix ms), for its timeline bar.
-        let mut train_started = 0u64;
-
-        'run: loop {
-            while let Some(action) = todo.pop_front() {
-                match action {
-                    CoreAction::StartGroup { key, seed, .. } => {
-                        let runner = Arc::clone(&self.groups);
-                        let (size, red) = (self.cfg.buffer.group_size, self.cfg.redundancy);
-                        groups.spawn(async move {
-                            let run = AssertUnwindSafe(runner.run_group(seed, size, red));
-                            (key, run.catch_unwind().await.map_err(panic_message))
-                        });
-                    }
-                    CoreAction::Train { batch } => {
-                        let Some(mut learner) = self.learner.take() else {
-                            break 'run;
-                        };
-                        if let Some(tl) = &self.timeline {
-                            train_started = tl.now_ms();
-                        }
-                        training = Some(tokio::task::spawn_blocking(move || {
-                            let out = learner.train(&batch);
-                            TrainDone {
-                                learner,
-                                batch,
-                                out,
-                            }
-                        }));
-                    }
-                    CoreAction::Sync { version } => {
-                        // The core decides the version; a learner that says otherwise would
-                        // split the buffer's view of the policy from what the backends serve.
-                        if let Some(t) = trained.as_ref() {
-                            if t.update.version() != version {
-                                result = Err(ControllerError::VersionMismatch {
-                                    expected: version,
-                                    learner: t.update.version(),
-                                });
-                                break 'run;
-                            }
-                        }
-                        let serving = match trained.as_mut() {
-                            Some(t) => {
-                                let (timings, serving) = self.sync(&t.update).await;
-                                t.sync = timings;
-                                serving
-                            }
-                            None => false,
-                        };
-                        core.handle(clock(), CoreEvent::SyncFinished { serving }, &mut out);
-                        todo.extend(out.drain(..));
-                    }
-                    CoreAction::Published(p) => {
-                        let Some(t) = trained.take() else {
-                            continue;
-                        };
-                        // The core's version, which the sync checked the learner's against.
-                        self.version.send_replace(p.cursor.version);
-                        if let Err(e) = sink.on_batch(p.step, &t.batch) {
-                            result = Err(e.into());
-                            break 'run;
-                        }
-                        let cursor = p.cursor;
-                        let record = self.record(*p, t);
-                        tracing::info!(
-                            step = record.step,
-                            version = %cursor.version,
-                            reward = record.mean_reward,
-                            staleness = record.staleness,
-                            loss = record.stats.loss,
-                            wall_s = record.wall.as_secs_f64(),
-                            "step"
-                        );
-                        if let Some(l) = self.learner.as_deref() {
-                            if let Err(e) = sink.on_step(&record, l, cursor) {
-                                result = Err(e.into());
-                                steps.push(record);
-                                break 'run;
-                            }
-                        }
-                        steps.push(record);
-                    }
-                    CoreAction::AbortRollout => {
-                        tracing::info!(
-                            "stop requested: aborting rollout, finishing the running step"
-                        );
-                        groups.abort_all();
-                    }
-                    CoreAction::Done(e) => {
-                        end = e;
-                        match end {
-                            RunEnd::Stalled { version, waited } => tracing::error!(
-                                %version,
-                                waited_s = waited.as_secs_f64(),
-                                "no backend serves the newest weights: stopping"
-                            ),
-                            RunEnd::NoProgress {
-                                waited,
-                                running,
-                                failed,
-                                filtered,
-                                ..
-                            } => tracing::error!(
-                                waited_s = waited.as_secs_f64(),
-                                failed,
-                                filtered,
-                                running,
-                                groups_running = core.buffer().running_groups(),
-                                buffered = core.buffer().accounting().buffered,
-                                "no progress: the trainer waits for a batch, no group added a \
-                                 sample to the buffer (environments or servers failing every \
-                                 trajectory, or a filter nothing passes): stopping"
-                            ),
-                            RunEnd::Completed | RunEnd::Interrupted => {}
-                        }
-                        break 'run;
-                    }
-                }
-            }
-            // Resumed from the checkpoint of the last step (killed in the evaluation or the
-            // final save): there is nothing left to run.
-            if groups.is_empty() && training.is_none() && core.is_done() {
-                break 'run;
-            }
-            // Nothing to wait for and no end: say so rather than wait forever.
-            if groups.is_empty() && training.is_none() && core.serve_deadline().is_none() {
-                let b = core.buffer();
-                result = Err(ControllerError::Stuck {
-                    running: b.running_groups(),
-                    buffered: b.accounting().buffered,
-                });
-                break 'run;
-            }
-            let probe = core
-                .serve_deadline()
-                .map(|d| (clock() + SERVING_PROBE).min(d))
-                .map(|at| start + at);
-            // The progress deadline needs a wake-up of its own when nothing else reports.
-            let progress = core
-                .progress_deadline()
-                .and_then(|at| start.checked_add(at));
-            // The next stall report: an interval after the last step, or the last report.
-            let report_at = self.cfg.stall_report.and_then(|every| {
-                let now = clock();
-                let quiet_from = now.saturating_sub(core.since_publish(now)).max(last_report);
-                start.checked_add(quiet_from + every)
-            });
-            let ev = tokio::select! {
-                _ = stop.stopped(), if !core.stopping() => CoreEvent::Stop,
-                Some(done) = groups.join_next(), if !groups.is_empty() => match done {
-                    Ok((key, Ok(g))) => CoreEvent::GroupFinished { key, outcome: outcome(g) },
-                    Ok((key, Err(reason))) => {
-                        tracing::error!(group = key.0, %reason, "rollout group panicked; its samples count as failed");
-                        CoreEvent::GroupLost { key, reason }
-                    }
-                    // Cancelled by a stop: `close` counts it.
-                    Err(_) => CoreEvent::Tick,
-                },
-                done = join_training(&mut training), if training.is_some() => {
-                    training = None;
-                    let done = match done {
-                        Ok(d) => d,
-                        Err(e) => {
-                            result = Err(ControllerError::Panicked(e.to_string()));
-                            break 'run;
-                        }
-                    };
-                    self.learner = Some(done.learner);
-                    if let Some(tl) = &self.timeline {
-                        let tokens = done.batch.groups.iter().flat_map(|g| &g.samples)
-                            .map(|(t, _)| t.response_tokens() as u64).sum();
-                        tl.record(TimelineEvent {
-                            lane: TRAINER_LANE.to_string(),
-                            kind: EventKind::Train,
-                            start_ms: train_started,
-                            end_ms: tl.now_ms(),
-                            version: done.batch.version.0,
-                            count: done.batch.len() as u64,
-                            tokens,
-                        });
-                    }
-                    match done.out {
-                        Ok((update, stats)) => {
-                            trained = Some(Trained {
-                                batch: done.batch,
-                                update,
-                                stats,
-                                sync: SyncTimings::default(),
-                            });
-                            CoreEvent::TrainFinished
-                        }
-                        Err(e) => {
-                            result = Err(e.into());
-                            break 'run;
-                        }
-                    }
-                }
-                changed = fleet.changed(), if fleet_open => match changed {
-                    Ok(()) if *fleet.borrow_and_update() => CoreEvent::Serving,
-                    Ok(()) => {
-                        tracing::error!(
-                            waiting_s = self.cfg.serve_timeout.as_secs_f64(),
-                            "no backend is in rotation (every server down or behind on weights): \
-                             waiting for one to come back, then stopping with a checkpoint"
-                        );
-                        CoreEvent::Unserved
-                    }
-                    Err(_) => {
-                        fleet_open = false;
-                        CoreEvent::Tick
-                    }
-                },
-                _ = sleep_until(progress), if progress.is_some() => CoreEvent::Tick,
-                _ = sleep_until(report_at), if report_at.is_some() => {
-                    let now = clock();
-                    last_report = now;
-                    let proxy = tokio::time::timeout(STALL_PROXY_DEADLINE, self.proxy.metrics())
-                        .await
-                        .ok()
-                        .and_then(Result::ok);
-                    let report = StallReport {
-                        at: now,
-                        since_step: core.since_publish(now),
-                        steps_done: core.cursor().steps_done,
-                        waiting: core.waiting(now),
-                        accounting: core.accounting(),
-                        proxy,
-                    };
-                    tracing::warn!("{report}");
-                    if stall_reports.len() < STALL_REPORTS_KEPT {
-                        stall_reports.push(report);
-                    }
-                    CoreEvent::Tick
-                }
-                _ = sleep_until(probe), if probe.is_some() => {
-                    if self.serving().await { CoreEvent::Serving } else { CoreEvent::Tick }
-                }
-            };
-            core.handle(clock(), ev, &mut out);
-            todo.extend(out.drain(..));
-        }
-
-        // The end: a running step is finished (not published), groups are aborted and
-        // drained, and the core counts what never reported.
-        if let Some(h) = training.take() {
-            if let Ok(d) = h.await {
-                self.learner = Some(d.learner);
-            }
-        }
-        groups.abort_all();
-        while let Some(done) = groups.join_next().await {
-            let ev = match done {
-                Ok((key, Ok(g))) => CoreEvent::GroupFinished {
-                    key,
-                    outcome: outcome(g),
-                },
-                Ok((key, Err(reason))) => CoreEvent::GroupLost { key, reason },
-                Err(_) => continue,
-            };
-            core.handle(clock(), ev, &mut out);
-            out.clear();
-        }
-        let summary = core.close(clock());
-        result?;
-        let report = RunReport {
-            cursor: summary.cursor,
-            steps,
-            accounting: summary.accounting,
-            wall: summary.wall,
-            interrupted: end == RunEnd::Interrupted,
-            end,
-            staleness: summary.staleness,
-            lost_groups: summary.lost_groups,
-            stall_reports,
-        };
-        Ok((report, self.learner.map(|l| *l)))
+        let mut d = Driver::new(self, sink)?;
+        let result = d.run().await;
+        d.close(result).await
     }
 
     /// Publishes `update` through the proxy; returns the timings and whether some backend
@@ -972,6 +674,406 @@ impl<L: Learner> AsyncController<L> {
             stats: t.stats,
             accounting: p.accounting,
         }
+    }
+}
+
+/// Whether the run goes on after an action or an event.
+enum Flow {
+    Continue,
+    End,
+}
+
+/// One run of an [`AsyncController`]: the core, the tasks it started, and what the run has
+/// reported so far. Each core action is a method, as in the simulator.
+struct Driver<'s, L: Learner> {
+    ctl: AsyncController<L>,
+    sink: &'s mut dyn StepSink<L>,
+    start: Instant,
+    core: ControllerCore<Trajectory>,
+    groups: JoinSet<GroupDone>,
+    training: Option<tokio::task::JoinHandle<TrainDone<L>>>,
+    /// A finished step waiting for its sync and publication.
+    trained: Option<Trained>,
+    steps: Vec<StepRecord>,
+    todo: VecDeque<CoreAction<Trajectory>>,
+    end: RunEnd,
+    stop: StopFlag,
+    /// Whether some backend is in rotation, as the proxy sees it change: the whole fleet
+    /// going down between syncs starts the same serve deadline as a sync nobody loaded.
+    fleet: watch::Receiver<bool>,
+    fleet_open: bool,
+    stall_reports: Vec<StallReport>,
+    last_report: Duration,
+    /// When the running step started (Unix ms), for its timeline bar.
+    train_started: u64,
+}
+
+impl<'s, L: Learner> Driver<'s, L> {
+    fn new(
+        ctl: AsyncController<L>,
+        sink: &'s mut dyn StepSink<L>,
+    ) -> Result<Self, ControllerError> {
+        let start = Instant::now();
+        let core_cfg = CoreConfig {
+            buffer: ctl.cfg.buffer.clone(),
+            redundancy: ctl.cfg.redundancy,
+            steps: ctl.cfg.steps,
+            seed: ctl.cfg.seed,
+            serve_timeout: ctl.cfg.serve_timeout,
+            progress_timeout: ctl.cfg.progress_timeout,
+        };
+        let core = ControllerCore::new(core_cfg, ctl.resume, Duration::ZERO)?;
+        Ok(Driver {
+            stop: ctl.stop.clone().unwrap_or_default(),
+            fleet: ctl.proxy.serving(),
+            ctl,
+            sink,
+            start,
+            core,
+            groups: JoinSet::new(),
+            training: None,
+            trained: None,
+            steps: Vec::new(),
+            todo: VecDeque::new(),
+            end: RunEnd::Completed,
+            fleet_open: true,
+            stall_reports: Vec::new(),
+            last_report: Duration::ZERO,
+            train_started: 0,
+        })
+    }
+
+    /// The core's clock: the time since the run started.
+    fn clock(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// Hands `ev` to the core and queues what it decides.
+    fn handle(&mut self, ev: CoreEvent<Trajectory>) {
+        let mut out = Vec::new();
+        self.core.handle(self.clock(), ev, &mut out);
+        self.todo.extend(out);
+    }
+
+    async fn run(&mut self) -> Result<(), ControllerError> {
+        self.handle(CoreEvent::Tick);
+        loop {
+            while let Some(action) = self.todo.pop_front() {
+                if let Flow::End = self.act(action).await? {
+                    return Ok(());
+                }
+            }
+            // Resumed from the checkpoint of the last step (killed in the evaluation or the
+            // final save): there is nothing left to run.
+            if self.groups.is_empty() && self.training.is_none() && self.core.is_done() {
+                return Ok(());
+            }
+            // Nothing to wait for and no end: say so rather than wait forever.
+            if self.groups.is_empty()
+                && self.training.is_none()
+                && self.core.serve_deadline().is_none()
+            {
+                let b = self.core.buffer();
+                return Err(ControllerError::Stuck {
+                    running: b.running_groups(),
+                    buffered: b.accounting().buffered,
+                });
+            }
+            let ev = self.next_event().await?;
+            self.handle(ev);
+        }
+    }
+
+    /// Carries out one of the core's actions.
+    async fn act(&mut self, action: CoreAction<Trajectory>) -> Result<Flow, ControllerError> {
+        match action {
+            CoreAction::StartGroup { key, seed, .. } => {
+                self.start_group(key, seed);
+                Ok(Flow::Continue)
+            }
+            CoreAction::Train { batch } => Ok(self.start_training(batch)),
+            CoreAction::Sync { version } => {
+                self.sync(version).await?;
+                Ok(Flow::Continue)
+            }
+            CoreAction::Published(p) => self.publish(*p),
+            CoreAction::AbortRollout => {
+                tracing::info!("stop requested: aborting rollout, finishing the running step");
+                self.groups.abort_all();
+                Ok(Flow::Continue)
+            }
+            CoreAction::Done(e) => {
+                self.done(e);
+                Ok(Flow::End)
+            }
+        }
+    }
+
+    fn start_group(&mut self, key: rollflash_core::buffer::GroupKey, seed: u64) {
+        let runner = Arc::clone(&self.ctl.groups);
+        let (size, red) = (self.ctl.cfg.buffer.group_size, self.ctl.cfg.redundancy);
+        self.groups.spawn(async move {
+            let run = AssertUnwindSafe(runner.run_group(seed, size, red));
+            (key, run.catch_unwind().await.map_err(panic_message))
+        });
+    }
+
+    fn start_training(&mut self, batch: Batch<Trajectory>) -> Flow {
+        let Some(mut learner) = self.ctl.learner.take() else {
+            return Flow::End;
+        };
+        if let Some(tl) = &self.ctl.timeline {
+            self.train_started = tl.now_ms();
+        }
+        self.training = Some(tokio::task::spawn_blocking(move || {
+            let out = learner.train(&batch);
+            TrainDone {
+                learner,
+                batch,
+                out,
+            }
+        }));
+        Flow::Continue
+    }
+
+    /// Syncs the trained step's weights as `version`, which the core decided; a learner
+    /// that says otherwise would split the buffer's view of the policy from what the
+    /// backends serve.
+    async fn sync(&mut self, version: PolicyVersion) -> Result<(), ControllerError> {
+        let serving = match self.trained.as_mut() {
+            Some(t) if t.update.version() != version => {
+                return Err(ControllerError::VersionMismatch {
+                    expected: version,
+                    learner: t.update.version(),
+                })
+            }
+            Some(t) => {
+                let (timings, serving) = self.ctl.sync(&t.update).await;
+                t.sync = timings;
+                serving
+            }
+            None => false,
+        };
+        self.handle(CoreEvent::SyncFinished { serving });
+        Ok(())
+    }
+
+    /// Publishes a synced step: the rollouts' version, the sink, the record.
+    fn publish(&mut self, p: PublishedStep) -> Result<Flow, ControllerError> {
+        let Some(t) = self.trained.take() else {
+            return Ok(Flow::Continue);
+        };
+        // The core's version, which the sync checked the learner's against.
+        self.ctl.version.send_replace(p.cursor.version);
+        self.sink.on_batch(p.step, &t.batch)?;
+        let cursor = p.cursor;
+        let record = self.ctl.record(p, t);
+        tracing::info!(
+            step = record.step,
+            version = %cursor.version,
+            reward = record.mean_reward,
+            staleness = record.staleness,
+            loss = record.stats.loss,
+            wall_s = record.wall.as_secs_f64(),
+            "step"
+        );
+        let seen = match self.ctl.learner.as_deref() {
+            Some(l) => self.sink.on_step(&record, l, cursor),
+            None => Ok(()),
+        };
+        self.steps.push(record);
+        seen?;
+        Ok(Flow::Continue)
+    }
+
+    fn done(&mut self, end: RunEnd) {
+        self.end = end;
+        match end {
+            RunEnd::Stalled { version, waited } => tracing::error!(
+                %version,
+                waited_s = waited.as_secs_f64(),
+                "no backend serves the newest weights: stopping"
+            ),
+            RunEnd::NoProgress {
+                waited,
+                running,
+                failed,
+                filtered,
+                ..
+            } => tracing::error!(
+                waited_s = waited.as_secs_f64(),
+                failed,
+                filtered,
+                running,
+                groups_running = self.core.buffer().running_groups(),
+                buffered = self.core.buffer().accounting().buffered,
+                "no progress: the trainer waits for a batch, no group added a sample to the \
+                 buffer (environments or servers failing every trajectory, or a filter \
+                 nothing passes): stopping"
+            ),
+            RunEnd::Completed | RunEnd::Interrupted => {}
+        }
+    }
+
+    /// Waits for what happens next: a stop, a group, the training step, the fleet, or one
+    /// of the deadlines (progress, stall report, the serve probe).
+    async fn next_event(&mut self) -> Result<CoreEvent<Trajectory>, ControllerError> {
+        let start = self.start;
+        let probe = self
+            .core
+            .serve_deadline()
+            .map(|d| (self.clock() + SERVING_PROBE).min(d))
+            .map(|at| start + at);
+        // The progress deadline needs a wake-up of its own when nothing else reports.
+        let progress = self
+            .core
+            .progress_deadline()
+            .and_then(|at| start.checked_add(at));
+        // The next stall report: an interval after the last step, or the last report.
+        let report_at = self.ctl.cfg.stall_report.and_then(|every| {
+            let now = self.clock();
+            let quiet_from = now
+                .saturating_sub(self.core.since_publish(now))
+                .max(self.last_report);
+            start.checked_add(quiet_from + every)
+        });
+        Ok(tokio::select! {
+            _ = self.stop.stopped(), if !self.core.stopping() => CoreEvent::Stop,
+            Some(done) = self.groups.join_next(), if !self.groups.is_empty() => match done {
+                Ok((key, Ok(g))) => CoreEvent::GroupFinished { key, outcome: outcome(g) },
+                Ok((key, Err(reason))) => {
+                    tracing::error!(group = key.0, %reason, "rollout group panicked; its samples count as failed");
+                    CoreEvent::GroupLost { key, reason }
+                }
+                // Cancelled by a stop: `close` counts it.
+                Err(_) => CoreEvent::Tick,
+            },
+            done = join_training(&mut self.training), if self.training.is_some() => {
+                self.training = None;
+                let done = done.map_err(|e| ControllerError::Panicked(e.to_string()))?;
+                self.trained_step(done)?
+            }
+            changed = self.fleet.changed(), if self.fleet_open => match changed {
+                Ok(()) if *self.fleet.borrow_and_update() => CoreEvent::Serving,
+                Ok(()) => {
+                    tracing::error!(
+                        waiting_s = self.ctl.cfg.serve_timeout.as_secs_f64(),
+                        "no backend is in rotation (every server down or behind on weights): \
+                         waiting for one to come back, then stopping with a checkpoint"
+                    );
+                    CoreEvent::Unserved
+                }
+                Err(_) => {
+                    self.fleet_open = false;
+                    CoreEvent::Tick
+                }
+            },
+            _ = sleep_until(progress), if progress.is_some() => CoreEvent::Tick,
+            _ = sleep_until(report_at), if report_at.is_some() => {
+                self.stall_report().await;
+                CoreEvent::Tick
+            }
+            _ = sleep_until(probe), if probe.is_some() => {
+                if self.ctl.serving().await { CoreEvent::Serving } else { CoreEvent::Tick }
+            }
+        })
+    }
+
+    /// The training step ended: the learner comes back, the trainer's timeline bar is
+    /// recorded, and the step waits for its sync (or the run stops with the learner's error).
+    fn trained_step(
+        &mut self,
+        done: TrainDone<L>,
+    ) -> Result<CoreEvent<Trajectory>, ControllerError> {
+        self.ctl.learner = Some(done.learner);
+        if let Some(tl) = &self.ctl.timeline {
+            let tokens = done
+                .batch
+                .groups
+                .iter()
+                .flat_map(|g| &g.samples)
+                .map(|(t, _)| t.response_tokens() as u64)
+                .sum();
+            tl.record(TimelineEvent {
+                lane: TRAINER_LANE.to_string(),
+                kind: EventKind::Train,
+                start_ms: self.train_started,
+                end_ms: tl.now_ms(),
+                version: done.batch.version.0,
+                count: done.batch.len() as u64,
+                tokens,
+            });
+        }
+        let (update, stats) = done.out?;
+        self.trained = Some(Trained {
+            batch: done.batch,
+            update,
+            stats,
+            sync: SyncTimings::default(),
+        });
+        Ok(CoreEvent::TrainFinished)
+    }
+
+    /// Says what the run waits on (logged, and kept in the report).
+    async fn stall_report(&mut self) {
+        let now = self.clock();
+        self.last_report = now;
+        let proxy = tokio::time::timeout(STALL_PROXY_DEADLINE, self.ctl.proxy.metrics())
+            .await
+            .ok()
+            .and_then(Result::ok);
+        let report = StallReport {
+            at: now,
+            since_step: self.core.since_publish(now),
+            steps_done: self.core.cursor().steps_done,
+            waiting: self.core.waiting(now),
+            accounting: self.core.accounting(),
+            proxy,
+        };
+        tracing::warn!("{report}");
+        if self.stall_reports.len() < STALL_REPORTS_KEPT {
+            self.stall_reports.push(report);
+        }
+    }
+
+    /// The end: a running step is finished (not published), groups are aborted and
+    /// drained, and the core counts what never reported; then `result` decides.
+    async fn close(
+        mut self,
+        result: Result<(), ControllerError>,
+    ) -> Result<(RunReport, Option<L>), ControllerError> {
+        if let Some(h) = self.training.take() {
+            if let Ok(d) = h.await {
+                self.ctl.learner = Some(d.learner);
+            }
+        }
+        self.groups.abort_all();
+        while let Some(done) = self.groups.join_next().await {
+            let ev = match done {
+                Ok((key, Ok(g))) => CoreEvent::GroupFinished {
+                    key,
+                    outcome: outcome(g),
+                },
+                Ok((key, Err(reason))) => CoreEvent::GroupLost { key, reason },
+                Err(_) => continue,
+            };
+            let mut out = Vec::new();
+            self.core.handle(self.clock(), ev, &mut out);
+        }
+        let summary = self.core.close(self.clock());
+        result?;
+        let report = RunReport {
+            cursor: summary.cursor,
+            steps: self.steps,
+            accounting: summary.accounting,
+            wall: summary.wall,
+            interrupted: self.end == RunEnd::Interrupted,
+            end: self.end,
+            staleness: summary.staleness,
+            lost_groups: summary.lost_groups,
+            stall_reports: self.stall_reports,
+        };
+        Ok((report, self.ctl.learner.map(|l| *l)))
     }
 }
 
