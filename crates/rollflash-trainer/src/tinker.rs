@@ -258,6 +258,26 @@ impl TinkerLearner {
         self.seq
     }
 
+    /// One `importance_sampling` pass over `data` (both paths use only this built-in):
+    /// `forward_backward` accumulating its gradient, or a forward-only pass.
+    async fn pass(
+        &mut self,
+        data: &[Datum],
+        backward: bool,
+    ) -> Result<rollflash_tinker::ForwardOutput, LearnerError> {
+        let seq = self.next_seq();
+        let call = if backward {
+            self.client
+                .forward_backward(&self.model_id, seq, data, "importance_sampling", &[])
+                .await
+        } else {
+            self.client
+                .forward(&self.model_id, seq, data, "importance_sampling")
+                .await
+        };
+        call.map_err(remote)
+    }
+
     async fn step(
         &mut self,
         batch: &Batch<Trajectory>,
@@ -302,12 +322,7 @@ impl TinkerLearner {
                     .iter()
                     .map(|&i| datum_of(i, &packed.behav, &adv))
                     .collect();
-                let seq = self.next_seq();
-                let out = self
-                    .client
-                    .forward_backward(&self.model_id, seq, &data, "importance_sampling", &[])
-                    .await
-                    .map_err(remote)?;
+                let out = self.pass(&data, true).await?;
                 let current = current_logprobs(&packed, &kept, &out.outputs)?;
                 // The server's own value of the loss (its per-token losses, reduced as it
                 // reduces them): ours must agree, which the tests check.
@@ -333,12 +348,7 @@ impl TinkerLearner {
                     .iter()
                     .map(|&i| datum_of(i, &packed.behav, &zeros))
                     .collect();
-                let seq = self.next_seq();
-                let fwd = self
-                    .client
-                    .forward(&self.model_id, seq, &probe, "importance_sampling")
-                    .await
-                    .map_err(remote)?;
+                let fwd = self.pass(&probe, false).await?;
                 let current = current_logprobs(&packed, &kept, &fwd.outputs)?;
                 let ours = loss_at(
                     &packed,
@@ -353,11 +363,7 @@ impl TinkerLearner {
                 // The surrogate's advantages, at ratio 1 (its log-probs are the current ones).
                 let adv = surrogate_advantages(&packed, &kept, &ours.grad.unwrap_or_default());
                 let data: Vec<Datum> = kept.iter().map(|&i| datum_of(i, &current, &adv)).collect();
-                let seq = self.next_seq();
-                self.client
-                    .forward_backward(&self.model_id, seq, &data, "importance_sampling", &[])
-                    .await
-                    .map_err(remote)?;
+                self.pass(&data, true).await?;
                 (loss, mismatch(&packed, &current))
             }
         };

@@ -88,15 +88,24 @@ fn batch() -> Batch<Trajectory> {
             };
             samples.push((t, i as f64));
         }
-        groups.push(BatchGroup {
-            key: GroupKey(g),
-            start: PolicyVersion(0),
-            samples,
-        });
+        groups.push(samples);
     }
+    batch_of(groups)
+}
+
+/// Groups of (trajectory, reward) as a batch of version 0, group `k` keyed `k`.
+pub fn batch_of(groups: Vec<Vec<(Trajectory, f64)>>) -> Batch<Trajectory> {
     Batch {
         version: PolicyVersion(0),
-        groups,
+        groups: groups
+            .into_iter()
+            .enumerate()
+            .map(|(k, samples)| BatchGroup {
+                key: GroupKey(k as u64),
+                start: PolicyVersion(0),
+                samples,
+            })
+            .collect(),
     }
 }
 

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
-use rollflash_core::buffer::{Batch, BatchGroup, GroupKey};
+use rollflash_core::buffer::Batch;
 use rollflash_core::{PolicyVersion, Trajectory};
 use rollflash_model::train::OptimizerConfig;
 use rollflash_tinker::local::LocalServer;
@@ -23,7 +23,7 @@ use rollflash_trainer::{Learner, StepStats, TinkerLearner, TinkerLearnerConfig, 
 fn batch() -> Batch<Trajectory> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
     let mut groups = Vec::new();
-    for g in 0..2u64 {
+    for _ in 0..2 {
         let mut samples = Vec::new();
         for i in 0..3usize {
             let n = 4 + rng.random_range(3..9usize);
@@ -46,16 +46,9 @@ fn batch() -> Batch<Trajectory> {
             };
             samples.push((t, f64::from(rng.random_range(0..2u8))));
         }
-        groups.push(BatchGroup {
-            key: GroupKey(g),
-            start: PolicyVersion(0),
-            samples,
-        });
+        groups.push(samples);
     }
-    Batch {
-        version: PolicyVersion(0),
-        groups,
-    }
+    crate::tinker::batch_of(groups)
 }
 
 /// Decoupled PPO without a cap: the server's `importance_sampling` exactly.
