@@ -222,6 +222,11 @@ async fn run_phases(
     opts: &mut RunOptions,
     guard: &mut RunGuard,
 ) -> Result<TrainSummary, PipelineError> {
+    if opts.resume.is_some() && matches!(plan.trainer(), TrainerPlan::Tinker(_)) {
+        return Err(PipelineError::Unsupported(
+            "--resume of a run whose learner is a Tinker server".into(),
+        ));
+    }
     let (prepared, model) = prepare(plan, opts, guard).await?;
     let timeline = start_rollout(plan, &prepared, &model, guard).await?;
     guard.live.set_phase("evaluation before RL");
@@ -250,11 +255,6 @@ async fn run_phases(
             rl(plan, opts, guard, prepared, learner, eval_before, timeline).await
         }
         TrainerPlan::Tinker(cfg) => {
-            if prepared.resumed.is_some() {
-                return Err(PipelineError::Unsupported(
-                    "--resume of a run whose learner is a Tinker server".into(),
-                ));
-            }
             let learner = rollflash_trainer::TinkerLearner::connect((**cfg).clone()).await?;
             rl(plan, opts, guard, prepared, learner, eval_before, timeline).await
         }
@@ -556,6 +556,9 @@ trait RunLearner: rollflash_trainer::Learner {
     ) -> Result<PathBuf, PipelineError>;
     /// Writes the run's result to `dir` (`final/`).
     fn save_final(&self, plan: &RunPlan, p: &Prepared, dir: &Path) -> Result<(), PipelineError>;
+    /// Releases what the learner holds elsewhere once its result is saved (a Tinker
+    /// server's model slot); a failure is logged, the run's result stands.
+    async fn close(self);
 }
 
 impl RunLearner for PolicyLearner {
@@ -576,6 +579,7 @@ impl RunLearner for PolicyLearner {
     fn save_final(&self, plan: &RunPlan, p: &Prepared, dir: &Path) -> Result<(), PipelineError> {
         save_final(plan, &p.policy, self.model(), dir, p.base_is_source)
     }
+    async fn close(self) {}
 }
 
 impl RunLearner for rollflash_trainer::TinkerLearner {
@@ -603,6 +607,12 @@ impl RunLearner for rollflash_trainer::TinkerLearner {
             source,
         })?;
         write_tinker_state(self, "final", &dir.join("tinker.json"))
+    }
+    async fn close(self) {
+        let url = self.url().to_string();
+        if let Err(e) = rollflash_trainer::TinkerLearner::close(self).await {
+            tracing::warn!(server = %url, error = %e, "could not unload the trained model (the server frees it when the session expires)");
+        }
     }
 }
 
@@ -753,6 +763,9 @@ async fn finish<L: RunLearner>(
         }
         final_dir
     };
+    if let Some(l) = learner {
+        l.close().await;
+    }
     crate::report::write_summary(
         &out.dir,
         &RunSummary {
@@ -1112,6 +1125,13 @@ pub async fn evaluate_checkpoint(
     dir: &Path,
     problems: usize,
 ) -> Result<EvalResult, PipelineError> {
+    // Its samplers would answer with the server's base model, not the checkpoint's weights.
+    if matches!(plan.trainer(), TrainerPlan::Tinker(_)) {
+        return Err(PipelineError::Unsupported(
+            "rollflash eval of a Tinker run (its weights live on the server; sample them there)"
+                .into(),
+        ));
+    }
     stack::check_env(plan).await?;
     let policy = Policy::from_checkpoint(plan, dir)?;
     let mut model = policy.trainable(plan)?;

@@ -448,7 +448,13 @@ impl Stack {
                     ..
                 } => {
                     // It loads the learner's `tinker://` paths itself: no weight route around it.
-                    let client = tinker_backend(http, model.as_deref(), version, policy)?;
+                    let client = tinker_backend(
+                        http,
+                        model.as_deref(),
+                        version,
+                        policy,
+                        plan.server_check_timeout(),
+                    )?;
                     remotes.push(Remote {
                         kind: ServerKind::Tinker,
                         http: http.clone(),
@@ -637,29 +643,37 @@ fn remote_backend(
 
 /// A Tinker server's sampler on `model` (the server's first when `None`), at `version` until
 /// the learner's first update. Opening its session is a call to the server: made here, on
-/// this runtime thread (`block_in_place`), so a server that is down is named when the stack
-/// is built.
+/// this runtime thread (`block_in_place`: a multi-threaded runtime, as every command's), within
+/// `check_timeout` (`rollout.server_check_timeout_secs`), so a server that is down or hung is
+/// named when the stack is built.
 fn tinker_backend(
     http: &HttpBackendConfig,
     model: Option<&str>,
     version: PolicyVersion,
     policy: &Policy,
+    check_timeout: std::time::Duration,
 ) -> Result<Arc<dyn Backend>, StackError> {
     let mut cfg = TinkerBackendConfig::new(http.base_url.clone());
     cfg.api_key = http.api_key.clone();
     cfg.base_model = model.map(str::to_string);
     cfg.sample_deadline = http.timeout;
-    cfg.request_timeout = http.connect_timeout.max(std::time::Duration::from_secs(30));
     cfg.vocab_size = Some(policy.model_cfg.vocab_size);
     cfg.initial_version = version;
+    let refuse = |problem: String| StackError::Server {
+        url: http.base_url.clone(),
+        problem,
+    };
     let rt = tokio::runtime::Handle::current();
-    let b =
-        tokio::task::block_in_place(|| rt.block_on(TinkerBackend::connect(cfg))).map_err(|e| {
-            StackError::Server {
-                url: http.base_url.clone(),
-                problem: format!("the Tinker sampler could not connect: {e}"),
-            }
-        })?;
+    let connect = tokio::time::timeout(check_timeout, TinkerBackend::connect(cfg));
+    let b = tokio::task::block_in_place(|| rt.block_on(connect))
+        .map_err(|_| {
+            refuse(format!(
+                "did not open a sampling session within {:.0} s \
+                 (rollout.server_check_timeout_secs)",
+                check_timeout.as_secs_f64()
+            ))
+        })?
+        .map_err(|e| refuse(format!("the Tinker sampler could not connect: {e}")))?;
     Ok(Arc::new(b))
 }
 

@@ -245,7 +245,16 @@ impl TinkerLearner {
     /// Frees the model's slot on the server and stops the heartbeat.
     pub async fn close(mut self) -> Result<(), LearnerError> {
         if let Some(h) = self.heartbeat.take() {
-            h.stop().await;
+            let beats = h.stop().await;
+            if beats.failed > 0 {
+                tracing::warn!(
+                    server = %self.cfg.client.base_url,
+                    failed = beats.failed,
+                    sent = beats.sent,
+                    last = beats.last_error.as_deref().unwrap_or(""),
+                    "session heartbeats failed during the run"
+                );
+            }
         }
         self.client
             .unload_model(&self.model_id)
