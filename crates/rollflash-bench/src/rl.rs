@@ -30,6 +30,7 @@ use rollflash_env::{Env, EnvError, Reset, Step};
 use rollflash_rollout::{Backend, BackendError, BackendLoad, Replication, WeightUpdate};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
+use rollflash_core::IoError;
 use rollflash_run::config::{ConfigError, TrainConfig};
 use rollflash_run::pipeline::PipelineError;
 use rollflash_run::plan::RunPlan;
@@ -42,35 +43,30 @@ use rollflash_trainer::{AsyncController, RunReport, StopFlag};
 pub enum BenchError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("warm-up: {0}")]
+    #[error("warm-up")]
     Warmup(#[from] PipelineError),
     #[error(transparent)]
     Plan(#[from] rollflash_run::plan::PlanError),
     #[error(transparent)]
     Stack(#[from] rollflash_run::stack::StackError),
-    #[error("model: {0}")]
+    #[error("model")]
     Model(#[from] rollflash_model::ModelError),
-    #[error("tensor: {0}")]
+    #[error("tensor")]
     Tensor(#[from] candle_core::Error),
-    #[error("rollout: {0}")]
+    #[error("rollout")]
     Backend(#[from] BackendError),
-    #[error("proxy: {0}")]
+    #[error("proxy")]
     Proxy(#[from] rollflash_rollout::ProxyError),
-    #[error("environment: {0}")]
+    #[error("environment")]
     Env(#[from] EnvError),
     #[error(transparent)]
     Controller(#[from] rollflash_trainer::ControllerError),
-    #[error("learner: {0}")]
+    #[error("learner")]
     Learner(#[from] rollflash_trainer::LearnerError),
-    #[error("plot: {0}")]
+    #[error("plot")]
     Plot(#[from] rollflash_plot::PlotError),
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
     #[error("unknown mode `{0}` (known: {known})", known = MODE_NAMES.join(", "))]
     UnknownMode(String),
 }
@@ -573,19 +569,11 @@ impl BenchReport {
     /// Writes `bench.md`, `bench.csv` and `speedup_vs_alpha.png` (samples/s over α for the
     /// `sync` / `alphaN` modes of each workload, when at least two were run) under `dir`.
     pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
-        std::fs::create_dir_all(dir).map_err(|source| BenchError::Io {
-            what: "cannot create",
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir).map_err(IoError::at("cannot create", dir))?;
         let mut written = Vec::new();
         for (name, text) in [("bench.md", self.markdown()), ("bench.csv", self.csv())] {
             let path = dir.join(name);
-            std::fs::write(&path, text).map_err(|source| BenchError::Io {
-                what: "cannot write",
-                path: path.clone(),
-                source,
-            })?;
+            std::fs::write(&path, text).map_err(IoError::at("cannot write", path.clone()))?;
             written.push(path);
         }
         let mut chart = rollflash_plot::Chart::new(
@@ -976,10 +964,9 @@ pub struct SlotEnv {
 impl Env for SlotEnv {
     async fn reset(&mut self, seed: u64) -> Result<Reset, EnvError> {
         if self.permit.is_none() {
-            let p = Arc::clone(&self.slots)
-                .acquire_owned()
-                .await
-                .map_err(|e| EnvError::Failed(format!("slot: {e}")))?;
+            let p = Arc::clone(&self.slots).acquire_owned().await.map_err(|e| {
+                EnvError::Failed(format!("slot: {}", rollflash_core::error_chain(&e)))
+            })?;
             self.permit = Some(p);
         }
         self.inner.reset(seed).await

@@ -3,20 +3,16 @@
 
 use std::path::{Path, PathBuf};
 
+use rollflash_core::IoError;
 use rollflash_plot::{line_chart, Chart, Series};
 use rollflash_sim::Table;
 
 /// A table or chart could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum TablesError {
-    #[error("cannot {what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("drawing {path}: {source}")]
+    #[error(transparent)]
+    Io(#[from] IoError),
+    #[error("drawing {path}")]
     Plot {
         path: PathBuf,
         #[source]
@@ -27,11 +23,7 @@ pub enum TablesError {
 /// Prints every table and writes `NAME.md`, `NAME.csv` and its charts (`PLOT.png`) under
 /// `out`, and all tables in `tables.md`.
 pub fn write(out: &Path, tables: &[Table]) -> Result<(), TablesError> {
-    std::fs::create_dir_all(out).map_err(|source| TablesError::Io {
-        what: "create",
-        path: out.to_path_buf(),
-        source,
-    })?;
+    std::fs::create_dir_all(out).map_err(IoError::at("cannot create", out))?;
     let mut all_md = String::new();
     for t in tables {
         let md = t.to_markdown();
@@ -58,9 +50,6 @@ pub fn write(out: &Path, tables: &[Table]) -> Result<(), TablesError> {
 
 /// Writes `text` to `path`.
 pub fn write_text(path: &Path, text: &str) -> Result<(), TablesError> {
-    std::fs::write(path, text).map_err(|source| TablesError::Io {
-        what: "write",
-        path: path.to_path_buf(),
-        source,
-    })
+    std::fs::write(path, text)
+        .map_err(|source| TablesError::Io(IoError::new("cannot write", path.to_path_buf(), source)))
 }

@@ -5,12 +5,14 @@
 pub mod auth;
 pub mod buffer;
 pub mod controller;
+pub mod error;
 pub mod gen;
 pub mod proxy;
 pub mod redundancy;
 pub mod timeline;
 pub mod trajectory;
 
+pub use error::{error_chain, IoError};
 pub use gen::{GenOutput, GenRequest, Generated, InvalidParams, SamplingParams, ServedRun};
 pub use trajectory::{Trajectory, TrajectoryEnd, TurnTiming};
 

@@ -17,6 +17,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::trajectories::TrajectoryRecord;
+use rollflash_core::IoError;
 
 /// The per-step metrics the run appends.
 pub const METRICS_FILE: &str = "metrics.jsonl";
@@ -30,15 +31,10 @@ pub const SUMMARY_FILE: &str = "summary.json";
 /// A run directory's file could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("{what} {}: {source}", path.display())]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A line that is not the record the file holds.
-    #[error("{} line {line}: {source}", path.display())]
+    #[error("{} line {line}", path.display())]
     Malformed {
         path: PathBuf,
         /// 1-based.
@@ -54,11 +50,11 @@ pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, FileError>
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
-            return Err(FileError::Io {
-                what: "cannot read",
-                path: path.to_path_buf(),
+            return Err(FileError::Io(IoError::new(
+                "cannot read",
+                path.to_path_buf(),
                 source,
-            })
+            )))
         }
     };
     let complete = text.ends_with('\n');
@@ -128,11 +124,7 @@ impl RunDir {
                     source,
                 }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(FileError::Io {
-                what: "cannot read",
-                path,
-                source,
-            }),
+            Err(source) => Err(FileError::Io(IoError::new("cannot read", path, source))),
         }
     }
 }
@@ -150,11 +142,7 @@ impl Appender {
     /// filled mid-line): appending after it would glue the next record to the fragment and
     /// leave a malformed line in the middle, which readers refuse.
     fn open(path: PathBuf, append: bool) -> Result<Self, FileError> {
-        let err = |source| FileError::Io {
-            what: "cannot write",
-            path: path.clone(),
-            source,
-        };
+        let err = |source| FileError::Io(IoError::new("cannot write", path.clone(), source));
         let file = std::fs::OpenOptions::new()
             .create(true)
             .read(true)
@@ -180,11 +168,7 @@ impl Appender {
     }
 
     fn append(&self, v: &impl serde::Serialize) -> Result<(), FileError> {
-        let err = |source| FileError::Io {
-            what: "cannot write",
-            path: self.path.clone(),
-            source,
-        };
+        let err = |source| FileError::Io(IoError::new("cannot write", self.path.clone(), source));
         let mut line = serde_json::to_vec(v).map_err(|e| err(std::io::Error::other(e)))?;
         line.push(b'\n');
         // One write call per line: a reader sees whole lines or a torn last one.
@@ -246,7 +230,7 @@ impl TimelineSink for TimelineLog {
     fn record(&self, event: TimelineEvent) {
         if let Err(e) = self.out.append(&event) {
             if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                tracing::warn!(error = %e, "timeline not written; the run goes on");
+                tracing::warn!(error = %rollflash_core::error_chain(&e), "timeline not written; the run goes on");
             }
         }
     }

@@ -42,7 +42,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// The dashboard could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum DashboardError {
-    #[error("dashboard {addr}: {source}")]
+    #[error("dashboard {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]
@@ -163,7 +163,7 @@ impl Dashboard {
                 let _ = stopped.await;
             });
             if let Err(e) = serve.await {
-                tracing::warn!(error = %e, "dashboard stopped");
+                tracing::warn!(error = %rollflash_core::error_chain(&e), "dashboard stopped");
             }
         });
         Ok(Dashboard {
@@ -254,7 +254,7 @@ async fn check_key(key: Option<&str>, req: Request, next: Next) -> Response {
 fn file_error(e: FileError) -> Response {
     (
         StatusCode::INTERNAL_SERVER_ERROR,
-        Json(json!({ "error": e.to_string() })),
+        Json(json!({ "error": rollflash_core::error_chain(&e) })),
     )
         .into_response()
 }
@@ -266,7 +266,11 @@ async fn metrics(State(st): State<AppState>) -> Response {
     match tokio::task::spawn_blocking(read).await {
         Ok(Ok(v)) => Json(v).into_response(),
         Ok(Err(e)) => file_error(e),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            rollflash_core::error_chain(&e),
+        )
+            .into_response(),
     }
 }
 
@@ -284,7 +288,11 @@ async fn timeline(State(st): State<AppState>, Query(q): Query<TimelineQuery>) ->
             Json(json!({ "events": events })).into_response()
         }
         Ok(Err(e)) => file_error(e),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            rollflash_core::error_chain(&e),
+        )
+            .into_response(),
     }
 }
 
@@ -309,7 +317,11 @@ async fn trajectories(State(st): State<AppState>, Query(q): Query<TrajectoryQuer
             Json(json!({ "trajectories": list, "total": total })).into_response()
         }
         Ok(Err(e)) => file_error(e),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            rollflash_core::error_chain(&e),
+        )
+            .into_response(),
     }
 }
 

@@ -26,6 +26,11 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+mod field_path;
+
+use field_path::json_type_name;
+pub use field_path::{FieldPath, FieldPathError, PathMiss};
+
 /// One example: what the model is asked, the reference its answer is verified against, and
 /// the row's other fields (kept for environments and logging, e.g. a difficulty level).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -34,7 +39,10 @@ pub struct Record {
     pub prompt: String,
     /// The reference answer, as text (numeric columns are converted).
     pub answer: String,
-    /// Every other field of the row.
+    /// Every other field of the row; Parquet structs and lists are JSON objects and arrays.
+    /// A top-level prompt or answer field is taken out; one named by a nested path stays in
+    /// place, so the struct holding it (verl's `reward_model`) keeps its shape for reward
+    /// functions that read it whole.
     #[serde(default)]
     pub extra: Map<String, Value>,
 }
@@ -102,11 +110,11 @@ pub const DEFAULT_ANSWER_FIELD: &str = "answer";
 /// Default of [`DatasetConfig::max_row_bytes`]: 1 MiB.
 pub const DEFAULT_MAX_ROW_BYTES: usize = 1 << 20;
 
-fn default_prompt_field() -> String {
-    DEFAULT_PROMPT_FIELD.into()
+fn default_prompt_field() -> FieldPath {
+    FieldPath::known(DEFAULT_PROMPT_FIELD)
 }
-fn default_answer_field() -> String {
-    DEFAULT_ANSWER_FIELD.into()
+fn default_answer_field() -> FieldPath {
+    FieldPath::known(DEFAULT_ANSWER_FIELD)
 }
 fn default_max_row_bytes() -> usize {
     DEFAULT_MAX_ROW_BYTES
@@ -118,12 +126,14 @@ fn default_max_row_bytes() -> usize {
 pub struct DatasetConfig {
     /// The file.
     pub path: PathBuf,
-    /// Field (JSONL key or Parquet column) holding the prompt, a string.
+    /// Field (JSONL key or Parquet column) holding the prompt, a string; a dotted path
+    /// (`extra_info.question`) goes into JSON objects and Parquet structs.
     #[serde(default = "default_prompt_field")]
-    pub prompt_field: String,
-    /// Field holding the reference answer: a string, or a number converted to text.
+    pub prompt_field: FieldPath,
+    /// Field holding the reference answer: a string, or a number converted to text; a dotted
+    /// path as for `prompt_field` (`reward_model.ground_truth`).
     #[serde(default = "default_answer_field")]
-    pub answer_field: String,
+    pub answer_field: FieldPath,
     /// The format; `None` detects it from the extension.
     #[serde(default)]
     pub format: Option<DatasetFormat>,
@@ -163,12 +173,7 @@ impl DatasetConfig {
                 reason: reason.into(),
             })
         };
-        if self.prompt_field.is_empty() {
-            return bad("prompt_field", "must not be empty");
-        }
-        if self.answer_field.is_empty() {
-            return bad("answer_field", "must not be empty");
-        }
+        // Paths are never empty (`FieldPath` parses them so).
         if self.prompt_field == self.answer_field {
             return bad("answer_field", "must differ from prompt_field");
         }
@@ -227,14 +232,14 @@ impl fmt::Display for RowRef {
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
     /// The file could not be opened or read.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     /// A JSONL line is not valid JSON.
-    #[error("{}: {at}: invalid JSON: {source}", path.display())]
+    #[error("{}: {at}: invalid JSON", path.display())]
     Json {
         path: PathBuf,
         at: RowRef,
@@ -248,12 +253,24 @@ pub enum DatasetError {
         at: RowRef,
         found: &'static str,
     },
-    /// A row lacks the prompt or answer field.
+    /// A row lacks the prompt or answer field (a top-level one; see `BadPath` for nested).
     #[error("{}: {at}: missing field `{field}`", path.display())]
     MissingField {
         path: PathBuf,
         at: RowRef,
         field: String,
+    },
+    /// A nested field path does not lead to a value in a row: a key is missing, or a value on
+    /// the way is not an object.
+    #[error("{}: {at}: field `{field}`: {miss}", path.display())]
+    BadPath {
+        path: PathBuf,
+        at: RowRef,
+        /// The path as configured.
+        field: String,
+        /// Boxed, so rows' results stay small.
+        #[source]
+        miss: Box<PathMiss>,
     },
     /// A row's prompt or answer has the wrong type (or is null).
     #[error("{}: {at}: field `{field}` is {found}, expected {expected}", path.display())]
@@ -296,14 +313,14 @@ pub enum DatasetError {
         expected: &'static str,
     },
     /// The Parquet reader failed (corrupt file, unsupported encoding).
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Parquet {
         path: PathBuf,
         #[source]
         source: parquet::errors::ParquetError,
     },
     /// Decoding a Parquet batch failed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Arrow {
         path: PathBuf,
         #[source]
@@ -337,17 +354,6 @@ fn open(path: &Path) -> Result<File, DatasetError> {
         path: path.to_path_buf(),
         source,
     })
-}
-
-fn json_type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// Loads a JSONL file: one object per line, blank lines skipped. Lines are read with a cap,
@@ -405,31 +411,80 @@ pub fn load_jsonl(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError> 
     Ok(InMemoryDataset::new(records))
 }
 
+/// The value `field` leads to in a row. A missing top-level field is [`DatasetError::MissingField`]
+/// (as before paths existed); a nested path that leads nowhere is [`DatasetError::BadPath`].
+pub(crate) fn row_field<'a>(
+    row: &'a Map<String, Value>,
+    field: &FieldPath,
+    path: &Path,
+    at: RowRef,
+) -> Result<&'a Value, DatasetError> {
+    field.lookup(row).map_err(|miss| {
+        if field.is_top_level() {
+            DatasetError::MissingField {
+                path: path.to_path_buf(),
+                at,
+                field: field.to_string(),
+            }
+        } else {
+            DatasetError::BadPath {
+                path: path.to_path_buf(),
+                at,
+                field: field.to_string(),
+                miss: Box::new(miss),
+            }
+        }
+    })
+}
+
+/// A number as reference-answer text. Floats print as Rust prints them (`3` for `3.0`, `0.1`
+/// for `0.1`), so a JSONL number and the same Parquet float give the same text.
+fn number_text(n: &serde_json::Number) -> String {
+    match n.as_f64() {
+        Some(f) if n.is_f64() => f.to_string(),
+        _ => n.to_string(),
+    }
+}
+
+/// A row's record: the prompt and answer read through their paths, the rest kept as `extra`.
+/// JSONL lines and Parquet rows (converted to JSON objects) both go through here, so the same
+/// data gives the same record in either format.
 fn record_from_object(
     mut obj: Map<String, Value>,
     cfg: &DatasetConfig,
     at: RowRef,
 ) -> Result<Record, DatasetError> {
-    let path = || cfg.path.clone();
-    let missing = |field: &str| DatasetError::MissingField {
-        path: path(),
-        at,
-        field: field.to_string(),
-    };
-    let wrong = |field: &str, v: &Value, expected| DatasetError::WrongType {
-        path: path(),
+    let path = cfg.path.as_path();
+    let wrong = |field: &FieldPath, v: &Value, expected| DatasetError::WrongType {
+        path: path.to_path_buf(),
         at,
         field: field.to_string(),
         found: json_type_name(v).to_string(),
         expected,
     };
+    // A top-level field is taken out of the row; a nested one is read in place (see
+    // `Record::extra`).
+    fn take(
+        obj: &mut Map<String, Value>,
+        field: &FieldPath,
+        path: &Path,
+        at: RowRef,
+    ) -> Result<Value, DatasetError> {
+        if field.is_top_level() {
+            if let Some(v) = obj.remove(field.head()) {
+                return Ok(v);
+            }
+        }
+        row_field(obj, field, path, at).cloned()
+    }
     let prompt = if cfg.prompt_messages {
-        match obj.get(&cfg.prompt_field) {
-            Some(v @ Value::Array(_)) => {
+        // The conversation stays in the row, where `prompt_messages` reads it back.
+        match row_field(&obj, &cfg.prompt_field, path, at)? {
+            v @ Value::Array(_) => {
                 let messages =
-                    check_messages(v, &cfg.prompt_field).map_err(|(field, reason)| {
+                    check_messages(v, cfg.prompt_field.as_str()).map_err(|(field, reason)| {
                         DatasetError::BadMessage {
-                            path: path(),
+                            path: path.to_path_buf(),
                             at,
                             field,
                             reason,
@@ -437,21 +492,18 @@ fn record_from_object(
                     })?;
                 plain_rendering(&messages)
             }
-            Some(v) => return Err(wrong(&cfg.prompt_field, v, "a list of messages")),
-            None => return Err(missing(&cfg.prompt_field)),
+            v => return Err(wrong(&cfg.prompt_field, v, "a list of messages")),
         }
     } else {
-        match obj.remove(&cfg.prompt_field) {
-            Some(Value::String(s)) => s,
-            Some(v) => return Err(wrong(&cfg.prompt_field, &v, "a string")),
-            None => return Err(missing(&cfg.prompt_field)),
+        match take(&mut obj, &cfg.prompt_field, path, at)? {
+            Value::String(s) => s,
+            v => return Err(wrong(&cfg.prompt_field, &v, "a string")),
         }
     };
-    let answer = match obj.remove(&cfg.answer_field) {
-        Some(Value::String(s)) => s,
-        Some(Value::Number(n)) => n.to_string(),
-        Some(v) => return Err(wrong(&cfg.answer_field, &v, "a string or a number")),
-        None => return Err(missing(&cfg.answer_field)),
+    let answer = match take(&mut obj, &cfg.answer_field, path, at)? {
+        Value::String(s) => s,
+        Value::Number(n) => number_text(&n),
+        v => return Err(wrong(&cfg.answer_field, &v, "a string or a number")),
     };
     Ok(Record {
         prompt,
@@ -522,9 +574,9 @@ fn check_messages(v: &Value, field: &str) -> Result<Vec<PromptMessage>, (String,
 
 /// The conversation a record's prompt field holds, when it was loaded with
 /// [`DatasetConfig::prompt_messages`]; `None` when the field is not a valid one.
-pub fn prompt_messages(record: &Record, prompt_field: &str) -> Option<Vec<PromptMessage>> {
-    let v = record.extra.get(prompt_field)?;
-    check_messages(v, prompt_field).ok()
+pub fn prompt_messages(record: &Record, prompt_field: &FieldPath) -> Option<Vec<PromptMessage>> {
+    let v = prompt_field.lookup(&record.extra).ok()?;
+    check_messages(v, prompt_field.as_str()).ok()
 }
 
 /// A conversation as plain text, for models without a chat template: the contents, a blank
@@ -549,34 +601,6 @@ enum Cell {
 }
 
 impl Cell {
-    fn type_name(&self) -> &'static str {
-        match self {
-            Cell::Null => "null",
-            Cell::Str(_) => "a string",
-            Cell::Int(_) | Cell::F32(_) | Cell::F64(_) => "a number",
-            Cell::Bool(_) => "a boolean",
-        }
-    }
-
-    /// Bytes this value takes, for the row-size cap.
-    fn size(&self) -> usize {
-        match self {
-            Cell::Str(s) => s.len(),
-            _ => 8,
-        }
-    }
-
-    /// The value as text for an answer; `None` for null and booleans.
-    fn answer_text(self) -> Option<String> {
-        match self {
-            Cell::Str(s) => Some(s),
-            Cell::Int(n) => Some(n.to_string()),
-            Cell::F32(v) => Some(v.to_string()),
-            Cell::F64(v) => Some(v.to_string()),
-            Cell::Null | Cell::Bool(_) => None,
-        }
-    }
-
     fn into_json(self) -> Value {
         let float = |text: String| {
             text.parse::<f64>()
@@ -660,69 +684,74 @@ fn cell(col: &dyn Array, i: usize) -> Option<Cell> {
     }
 }
 
-/// Row `i` of a list-of-structs column as JSON (`[{"role": …, "content": …}]`): string
-/// fields of the structs are kept, others become null (and fail the message check, which
-/// names them). A null row is null.
-fn messages_json(col: &dyn Array, i: usize) -> Value {
-    if col.is_null(i) {
-        return Value::Null;
-    }
-    let items = match col.data_type() {
-        DataType::List(_) => col.as_list_opt::<i32>().map(|l| l.value(i)),
-        DataType::LargeList(_) => col.as_list_opt::<i64>().map(|l| l.value(i)),
-        _ => None,
-    };
-    let Some(items) = items else {
-        return Value::Null;
-    };
-    let Some(st) = items.as_struct_opt() else {
-        return Value::Array(vec![Value::Null; items.len()]);
-    };
-    let mut out = Vec::with_capacity(st.len());
-    for r in 0..st.len() {
-        let mut obj = Map::new();
-        for (f, c) in st.fields().iter().zip(st.columns()) {
-            let v = match cell(c.as_ref(), r) {
-                Some(Cell::Str(s)) => Value::String(s),
-                _ => Value::Null,
-            };
-            obj.insert(f.name().clone(), v);
+/// Whether values of type `t` go into a record: strings, numbers, booleans and nulls, and
+/// structs and lists of them. Binary, dates, maps and the like do not (a struct keeps its
+/// other fields).
+fn carried(t: &DataType) -> bool {
+    match t {
+        DataType::Null | DataType::Boolean | DataType::Struct(_) => true,
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+            carried(f.data_type())
         }
-        out.push(Value::Object(obj));
+        t => is_string_type(t) || is_number_type(t),
     }
-    Value::Array(out)
 }
 
-/// Row `i` of a list column whose items are strings, numbers or booleans, as a JSON array
-/// (a countdown row's `numbers`, a list of tags): `None` for lists of other item types
-/// (structs, nested lists, binary), which a record does not carry.
-fn scalar_list_json(col: &dyn Array, i: usize) -> Option<Value> {
-    let item_type = match col.data_type() {
-        DataType::List(f) | DataType::LargeList(f) => f.data_type(),
-        _ => return None,
-    };
-    if !(is_string_type(item_type) || is_number_type(item_type) || *item_type == DataType::Boolean)
-    {
+/// Value `i` of `col` as JSON: structs become objects, lists arrays, by their Arrow types;
+/// `None` for a type a record does not carry ([`carried`]), decided by type alone so such a
+/// column is skipped whole rather than only where it is null.
+fn json_value(col: &dyn Array, i: usize) -> Option<Value> {
+    let t = col.data_type();
+    if !carried(t) {
         return None;
     }
-    if col.is_null(i) {
+    if col.is_null(i) || *t == DataType::Null {
         return Some(Value::Null);
     }
-    let items = match col.data_type() {
-        DataType::List(_) => col.as_list_opt::<i32>().map(|l| l.value(i)),
-        _ => col.as_list_opt::<i64>().map(|l| l.value(i)),
-    }?;
-    Some(Value::Array(
-        (0..items.len())
-            .map(|r| cell(items.as_ref(), r).map_or(Value::Null, Cell::into_json))
-            .collect(),
-    ))
+    let list = |items: arrow_array::ArrayRef| {
+        Value::Array(
+            (0..items.len())
+                .map(|r| json_value(items.as_ref(), r).unwrap_or(Value::Null))
+                .collect(),
+        )
+    };
+    match t {
+        DataType::Struct(_) => {
+            let st = col.as_struct_opt()?;
+            let mut obj = Map::new();
+            for (f, c) in st.fields().iter().zip(st.columns()) {
+                if let Some(v) = json_value(c.as_ref(), i) {
+                    obj.insert(f.name().clone(), v);
+                }
+            }
+            Some(Value::Object(obj))
+        }
+        DataType::List(_) => col.as_list_opt::<i32>().map(|l| list(l.value(i))),
+        DataType::LargeList(_) => col.as_list_opt::<i64>().map(|l| list(l.value(i))),
+        DataType::FixedSizeList(..) => col.as_fixed_size_list_opt().map(|l| list(l.value(i))),
+        _ => cell(col, i).map(Cell::into_json),
+    }
 }
 
-/// Loads a Parquet file. The prompt column must be a string column (`Utf8`, `LargeUtf8`,
-/// `Utf8View`); the answer column a string or integer/float column (numbers become text).
-/// Other columns of string, number or boolean type, and lists of those, go to
-/// [`Record::extra`]; columns of other types (structs, nested lists, binary) are skipped.
+/// Bytes a value takes for the row-size cap: text and keys by length, other scalars 8.
+fn json_size(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len(),
+        Value::Array(items) => items.iter().map(json_size).fold(0, usize::saturating_add),
+        Value::Object(o) => o
+            .iter()
+            .map(|(k, v)| k.len().saturating_add(json_size(v)))
+            .fold(0, usize::saturating_add),
+        _ => 8,
+    }
+}
+
+/// Loads a Parquet file. Each row becomes a JSON object (structs as objects, lists as
+/// arrays; binary and other columns a record does not carry are skipped) and is read like a
+/// JSONL line, so the same data loads to the same records in both formats. The prompt and
+/// answer paths' first keys must be columns; a top-level prompt must be a string column (a
+/// list for `prompt_messages`), a top-level answer a string or number column (numbers become
+/// text), and a nested path must start in a struct column.
 pub fn load_parquet(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError> {
     cfg.validate()?;
     let path = cfg.path.as_path();
@@ -732,36 +761,46 @@ pub fn load_parquet(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError
     };
     let builder = ParquetRecordBatchReaderBuilder::try_new(open(path)?).map_err(pq_err)?;
     let schema = builder.schema().clone();
-    let column = |field: &str, ok: fn(&DataType) -> bool, expected| {
-        let Ok(idx) = schema.index_of(field) else {
+    // Checked once against the schema, so a wrong column is one error naming its type
+    // rather than one per row.
+    let check = |field: &FieldPath, top_ok: fn(&DataType) -> bool, top_expected| {
+        let Ok(idx) = schema.index_of(field.head()) else {
             let available: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
             return Err(DatasetError::MissingColumn {
                 path: path.to_path_buf(),
-                field: field.to_string(),
+                field: field.head().to_string(),
                 available: available.join(", "),
             });
         };
         let t = schema.field(idx).data_type();
-        if !ok(t) {
+        let (ok, expected) = if field.is_top_level() {
+            (top_ok(t), top_expected)
+        } else {
+            (
+                matches!(t, DataType::Struct(_)),
+                "a struct column (the field path goes into it)",
+            )
+        };
+        if !ok {
             return Err(DatasetError::ColumnType {
                 path: path.to_path_buf(),
-                field: field.to_string(),
+                field: field.head().to_string(),
                 found: t.to_string(),
                 expected,
             });
         }
-        Ok(idx)
+        Ok(())
     };
-    let prompt_idx = if cfg.prompt_messages {
-        column(
+    if cfg.prompt_messages {
+        check(
             &cfg.prompt_field,
             |t| matches!(t, DataType::List(_) | DataType::LargeList(_)),
             "a list of {role, content} structs",
-        )?
+        )?;
     } else {
-        column(&cfg.prompt_field, is_string_type, "a string column")?
-    };
-    let answer_idx = column(
+        check(&cfg.prompt_field, is_string_type, "a string column")?;
+    }
+    check(
         &cfg.answer_field,
         |t| is_string_type(t) || is_number_type(t),
         "a string or number column",
@@ -779,33 +818,11 @@ pub fn load_parquet(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError
             row += 1;
             let at = RowRef::Row(row);
             let mut size = 0usize;
-            let mut prompt = None;
-            let mut answer = None;
-            let mut extra = Map::new();
-            let mut conversation = None;
+            let mut obj = Map::new();
             for (c, col) in batch.columns().iter().enumerate() {
-                if c == prompt_idx && cfg.prompt_messages {
-                    let v = messages_json(col.as_ref(), i);
-                    size = size.saturating_add(v.to_string().len());
-                    conversation = Some(v);
-                    continue;
-                }
-                let Some(value) = cell(col.as_ref(), i) else {
-                    if c != prompt_idx && c != answer_idx {
-                        if let Some(list) = scalar_list_json(col.as_ref(), i) {
-                            size = size.saturating_add(list.to_string().len());
-                            extra.insert(schema.field(c).name().clone(), list);
-                        }
-                    }
-                    continue;
-                };
-                size = size.saturating_add(value.size());
-                if c == prompt_idx {
-                    prompt = Some(value);
-                } else if c == answer_idx {
-                    answer = Some(value);
-                } else {
-                    extra.insert(schema.field(c).name().clone(), value.into_json());
+                if let Some(v) = json_value(col.as_ref(), i) {
+                    size = size.saturating_add(json_size(&v));
+                    obj.insert(schema.field(c).name().clone(), v);
                 }
             }
             if size > cfg.max_row_bytes {
@@ -815,45 +832,7 @@ pub fn load_parquet(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError
                     cap: cfg.max_row_bytes,
                 });
             }
-            let wrong = |field: &str, found: &str, expected| DatasetError::WrongType {
-                path: path.to_path_buf(),
-                at,
-                field: field.to_string(),
-                found: found.to_string(),
-                expected,
-            };
-            let prompt = match (prompt, conversation) {
-                (_, Some(v)) => {
-                    let m = check_messages(&v, &cfg.prompt_field).map_err(|(field, reason)| {
-                        DatasetError::BadMessage {
-                            path: path.to_path_buf(),
-                            at,
-                            field,
-                            reason,
-                        }
-                    })?;
-                    extra.insert(cfg.prompt_field.clone(), v);
-                    plain_rendering(&m)
-                }
-                (Some(Cell::Str(s)), None) => s,
-                (other, None) => {
-                    let found = other.as_ref().map_or("null", Cell::type_name);
-                    return Err(wrong(&cfg.prompt_field, found, "a string"));
-                }
-            };
-            let answer = match answer {
-                Some(c) => {
-                    let found = c.type_name();
-                    c.answer_text()
-                        .ok_or_else(|| wrong(&cfg.answer_field, found, "a string or a number"))?
-                }
-                None => return Err(wrong(&cfg.answer_field, "null", "a string or a number")),
-            };
-            records.push(Record {
-                prompt,
-                answer,
-                extra,
-            });
+            records.push(record_from_object(obj, cfg, at)?);
         }
     }
     Ok(InMemoryDataset::new(records))
@@ -988,7 +967,7 @@ impl Iterator for Sampler {
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     /// The file could not be read, or a row lacks a field or has the wrong type.
-    #[error("dataset: {0}")]
+    #[error("dataset")]
     Load(#[from] DatasetError),
     /// The file has no rows.
     #[error("dataset: {}: no rows (expected one row per line with fields `{prompt}` and `{answer}`)", path.display())]
@@ -1032,8 +1011,16 @@ pub enum DataError {
         field: String,
         reason: String,
     },
+    /// A code row's tests are not in a shape the code reward reads.
+    #[error("dataset: {}: {at}: field `{field}`: {reason}", path.display())]
+    BadCodeTests {
+        path: PathBuf,
+        at: RowRef,
+        field: String,
+        reason: String,
+    },
     /// `--resume` with a config whose data is not the checkpoint's.
-    #[error("dataset: cannot resume: {0}")]
+    #[error("dataset: cannot resume")]
     Resume(#[source] CursorMismatch),
     /// After holding out `heldout_fraction`, no training rows are left.
     #[error("dataset: holding out a fraction of {fraction} leaves no training rows")]

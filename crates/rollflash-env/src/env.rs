@@ -2,6 +2,7 @@
 //! the errors its calls end in.
 
 use async_trait::async_trait;
+use rollflash_core::error_chain;
 
 /// Free-form details an environment reports next to an observation (as Gymnasium's `info`).
 pub type Info = serde_json::Map<String, serde_json::Value>;
@@ -64,7 +65,7 @@ pub enum EnvError {
     #[error("environment failed: {0}")]
     Failed(String),
     /// The environment failed on an underlying error of its own; `what` says where.
-    #[error("environment failed: {what}: {source}")]
+    #[error("environment failed: {what}")]
     Internal {
         what: String,
         #[source]
@@ -75,7 +76,7 @@ pub enum EnvError {
     Garbage(String),
     /// A remote environment answered a call with success, but with a body that is not the
     /// protocol's JSON.
-    #[error("environment returned garbage: {url}: undecodable reply: {source}")]
+    #[error("environment returned garbage: {url}: undecodable reply")]
     Undecodable {
         url: String,
         #[source]
@@ -94,7 +95,7 @@ pub enum EnvError {
     #[error(transparent)]
     Data(Box<crate::dataset::DataError>),
     /// A remote environment could not be reached or answered with an error.
-    #[error("remote environment {url}: {source}")]
+    #[error("remote environment {url}")]
     Remote {
         /// The request's URL.
         url: String,
@@ -165,19 +166,6 @@ pub enum RemoteFailure {
     /// The server closed the session; the reason it gave, if any.
     #[error("the server closed the session{}", .0.as_ref().map(|r| format!(": {r}")).unwrap_or_default())]
     Closed(Option<String>),
-}
-
-/// An error and its sources, joined: reqwest's top-level message alone ("error sending
-/// request") hides the cause (connection refused, timed out).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(cause) = src {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        src = cause.source();
-    }
-    s
 }
 
 /// An environment over text. `reset` starts an episode from a seed (same seed, same

@@ -685,7 +685,7 @@ impl Drop for RemoteEnv {
         let (key, timeout) = (self.cfg.api_key.clone(), self.cfg.timeout);
         rt.spawn(async move {
             if let Err(e) = delete_env(&client, &base, &id, key.as_deref(), timeout).await {
-                tracing::debug!(error = %e, "could not delete a dropped remote environment");
+                tracing::debug!(error = %rollflash_core::error_chain(&e), "could not delete a dropped remote environment");
             }
         });
     }

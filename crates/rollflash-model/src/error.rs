@@ -6,7 +6,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// A tensor operation failed inside candle.
-    #[error("tensor operation failed: {0}")]
+    #[error("tensor operation failed")]
     Tensor(#[from] candle_core::Error),
 
     /// A file the model directory must contain is not there.

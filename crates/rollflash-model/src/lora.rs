@@ -354,6 +354,7 @@ pub fn load_peft(dir: &Path, device: &Device) -> Result<Adapters> {
     let dropout = field("lora_dropout")
         .and_then(|x| x.as_f64())
         .unwrap_or(0.0);
+    let weights = Weights::load_safetensors(&[dir.join(ADAPTER_WEIGHTS)], device)?;
     let target_modules = match field("target_modules") {
         Some(serde_json::Value::Array(a)) => a
             .iter()
@@ -361,7 +362,10 @@ pub fn load_peft(dir: &Path, device: &Device) -> Result<Adapters> {
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| bad("target_modules", "not a list of names".into()))?,
         Some(serde_json::Value::String(s)) => vec![s.clone()],
-        _ => return Err(bad("target_modules", "missing".into())),
+        // PEFT leaves it `null` when the adapter was not built by PEFT's model wrapper
+        // (SkyRL's Tinker server saves its adapters so): the weights say which modules.
+        Some(serde_json::Value::Null) | None => adapted_modules(&weights),
+        Some(_) => return Err(bad("target_modules", "not a list of names".into())),
     };
     let config = LoraConfig {
         rank,
@@ -370,8 +374,27 @@ pub fn load_peft(dir: &Path, device: &Device) -> Result<Adapters> {
         target_modules,
     };
     config.validate(&path.display().to_string())?;
-    let weights = Weights::load_safetensors(&[dir.join(ADAPTER_WEIGHTS)], device)?;
     Ok(Adapters { config, weights })
+}
+
+/// The projections an adapter's weights adapt: the module named before each `.lora_A.`, in
+/// [`PROJECTIONS`]' order. An unknown one is kept, so validation names it.
+fn adapted_modules(weights: &Weights) -> Vec<String> {
+    let mut found: Vec<String> = Vec::new();
+    for name in weights.names() {
+        let Some(module) = name
+            .split_once(".lora_A.")
+            .and_then(|(path, _)| path.rsplit('.').next())
+        else {
+            continue;
+        };
+        if !found.iter().any(|m| m == module) {
+            found.push(module.to_string());
+        }
+    }
+    let order = |m: &String| PROJECTIONS.iter().position(|(n, _)| n == m);
+    found.sort_by_key(|m| order(m).unwrap_or(usize::MAX));
+    found
 }
 
 /// Inverted dropout of `x` with keep probability `1 − p`: each element kept (scaled by

@@ -25,6 +25,15 @@ pub enum WeightUpdate {
     /// Weights a remote trainer holds, named by its URI (a Tinker server's `tinker://…`
     /// sampler path): only backends of that server can load them.
     Remote { uri: String, version: PolicyVersion },
+    /// A LoRA adapter in PEFT's layout (`adapter_config.json`, `adapter_model.safetensors`)
+    /// for the base model the server already holds: the server loads it under `name` and
+    /// applies it unmerged; generation names the adapter, so a few MB move per version
+    /// instead of the whole model.
+    Adapter {
+        dir: PathBuf,
+        name: String,
+        version: PolicyVersion,
+    },
 }
 
 impl WeightUpdate {
@@ -33,7 +42,8 @@ impl WeightUpdate {
         match self {
             WeightUpdate::InProcess { version, .. }
             | WeightUpdate::Disk { version, .. }
-            | WeightUpdate::Remote { version, .. } => *version,
+            | WeightUpdate::Remote { version, .. }
+            | WeightUpdate::Adapter { version, .. } => *version,
         }
     }
 }
@@ -53,6 +63,12 @@ impl std::fmt::Debug for WeightUpdate {
             WeightUpdate::Remote { uri, version } => f
                 .debug_struct("Remote")
                 .field("uri", uri)
+                .field("version", version)
+                .finish(),
+            WeightUpdate::Adapter { dir, name, version } => f
+                .debug_struct("Adapter")
+                .field("dir", dir)
+                .field("name", name)
                 .field("version", version)
                 .finish(),
         }
@@ -208,18 +224,5 @@ pub trait Backend: Send + Sync {
     }
 }
 
-/// An error and its sources on one line (`a: b: c`): wire messages and logs keep the cause
-/// that `Display` alone would drop.
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
-}
+/// One home for how an error prints with its causes: the core's.
+pub(crate) use rollflash_core::error_chain;

@@ -81,6 +81,14 @@ impl EngineBackend {
         })
     }
 
+    /// The model now served (shared, not copied).
+    pub fn model(&self) -> Arc<Transformer> {
+        match self.current.lock() {
+            Ok(g) => Arc::clone(&g),
+            Err(p) => Arc::clone(&p.into_inner()),
+        }
+    }
+
     fn send(&self, cmd: Command) -> Result<(), BackendError> {
         self.tx
             .send(cmd)
@@ -190,6 +198,22 @@ impl Backend for EngineBackend {
                     source: Some(Box::new(e)),
                 })??;
                 (Arc::new(loaded.model), *version)
+            }
+            WeightUpdate::Adapter { dir, version, .. } => {
+                let current = match self.current.lock() {
+                    Ok(g) => Arc::clone(&g),
+                    Err(p) => Arc::clone(&p.into_inner()),
+                };
+                let dir = dir.clone();
+                // The adapter replaces any the engine has: it applies to the frozen base.
+                let adapted = tokio::task::spawn_blocking(move || adapted_model(&current, &dir))
+                    .await
+                    .map_err(|e| BackendError::Unavailable {
+                        backend: self.name.clone(),
+                        reason: "adapter loading task failed".into(),
+                        source: Some(Box::new(e)),
+                    })??;
+                (Arc::new(adapted), *version)
             }
             WeightUpdate::Remote { uri, .. } => {
                 return Err(BackendError::InvalidRequest {
@@ -437,4 +461,84 @@ impl Worker {
             self.finish(c);
         }
     }
+}
+
+/// The [`AdapterHost`](crate::server::AdapterHost) of `rollflash serve`: each adapter gets
+/// an engine of its own on [`adapted_model`] of the base engine's current weights (the base
+/// tensors are shared, not copied).
+pub struct EngineAdapterHost {
+    base: Arc<EngineBackend>,
+    cfg: EngineBackendConfig,
+    /// Serves the base model and ignores the adapter: a server that drops adapters
+    /// silently, for the tests of the adapter probe. Never set otherwise.
+    pub ignore_adapters: bool,
+}
+
+impl EngineAdapterHost {
+    /// Adapter engines configured as `cfg` (each named `<name>-lora`).
+    pub fn new(base: Arc<EngineBackend>, cfg: EngineBackendConfig) -> Self {
+        EngineAdapterHost {
+            base,
+            cfg,
+            ignore_adapters: false,
+        }
+    }
+}
+
+#[async_trait]
+impl crate::server::AdapterHost for EngineAdapterHost {
+    async fn open(
+        &self,
+        dir: &std::path::Path,
+        version: PolicyVersion,
+    ) -> Result<Arc<dyn Backend>, BackendError> {
+        let base = self.base.model();
+        let (dir, ignore) = (dir.to_path_buf(), self.ignore_adapters);
+        let model = tokio::task::spawn_blocking(move || {
+            let adapted = adapted_model(&base, &dir)?;
+            // The stand-in still reads the adapter (so a bad one fails alike), then drops it.
+            Ok::<_, rollflash_model::ModelError>(if ignore {
+                Transformer::from_weights(
+                    base.config(),
+                    &base.weights(),
+                    base.dtype(),
+                    base.device(),
+                )?
+            } else {
+                adapted
+            })
+        })
+        .await
+        .map_err(|e| BackendError::Unavailable {
+            backend: self.cfg.name.clone(),
+            reason: "adapter loading task failed".into(),
+            source: Some(Box::new(e)),
+        })??;
+        let cfg = EngineBackendConfig {
+            name: format!("{}-lora", self.cfg.name),
+            engine: self.cfg.engine.clone(),
+        };
+        Ok(Arc::new(EngineBackend::start(
+            Arc::new(model),
+            version,
+            cfg,
+        )?))
+    }
+}
+
+/// `model`'s base weights (without any adapters it has) with the PEFT LoRA adapter in `dir`
+/// applied unmerged, in `model`'s dtype and on its device: what a server serving that
+/// adapter computes.
+pub fn adapted_model(
+    model: &Transformer,
+    dir: &std::path::Path,
+) -> Result<Transformer, rollflash_model::ModelError> {
+    let adapters = rollflash_model::lora::load_peft(dir, model.device())?;
+    Transformer::with_adapters(
+        model.config(),
+        &model.weights(),
+        &adapters,
+        model.dtype(),
+        model.device(),
+    )
 }

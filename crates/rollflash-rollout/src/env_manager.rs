@@ -215,7 +215,7 @@ impl EnvManager {
                         me.run_trajectory_until(env.as_mut(), seed, index, group, stop)
                             .await
                     }
-                    Err(e) => failed_before_start(seed, index, &e.to_string()),
+                    Err(e) => failed_before_start(seed, index, &rollflash_core::error_chain(&e)),
                 }
             });
         }
@@ -226,7 +226,11 @@ impl EnvManager {
             let t = match joined {
                 Ok(t) => t,
                 // A panicking environment fails its trajectory only.
-                Err(e) => failed_before_start(seed, usize::MAX, &format!("task failed: {e}")),
+                Err(e) => failed_before_start(
+                    seed,
+                    usize::MAX,
+                    &format!("task failed: {}", rollflash_core::error_chain(&e)),
+                ),
             };
             let end = match &t.end {
                 Some(TrajectoryEnd::Failed(reason)) => {
@@ -313,7 +317,9 @@ impl EnvManager {
         // A close that fails or hangs costs nothing but a log line: the trajectory is over.
         match tokio::time::timeout(self.cfg.step_timeout, env.close()).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::debug!(error = %e, "closing the environment failed"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %rollflash_core::error_chain(&e), "closing the environment failed")
+            }
             Err(_) => tracing::debug!("closing the environment timed out"),
         }
         t.end = Some(end);
@@ -329,7 +335,9 @@ impl EnvManager {
     ) -> TrajectoryEnd {
         let reset = match tokio::time::timeout(self.cfg.step_timeout, env.reset(t.seed)).await {
             Ok(Ok(r)) => r,
-            Ok(Err(e)) => return TrajectoryEnd::Failed(format!("reset: {e}")),
+            Ok(Err(e)) => {
+                return TrajectoryEnd::Failed(format!("reset: {}", rollflash_core::error_chain(&e)))
+            }
             Err(_) => return TrajectoryEnd::Failed(self.timeout_reason("reset")),
         };
         let mut messages = Vec::new();
@@ -361,7 +369,12 @@ impl EnvManager {
             let out = match self.proxy.generate_with(req, Some(group), affinity).await {
                 Ok(out) => out,
                 Err(ProxyError::Shutdown) => return TrajectoryEnd::Aborted,
-                Err(e) => return TrajectoryEnd::Failed(format!("generate: {e}")),
+                Err(e) => {
+                    return TrajectoryEnd::Failed(format!(
+                        "generate: {}",
+                        rollflash_core::error_chain(&e)
+                    ))
+                }
             };
             let gen_time = t0.elapsed();
             for run in &out.served_by {
@@ -390,7 +403,12 @@ impl EnvManager {
             let t1 = Instant::now();
             let step = match tokio::time::timeout(self.cfg.step_timeout, env.step(&action)).await {
                 Ok(Ok(s)) => s,
-                Ok(Err(e)) => return TrajectoryEnd::Failed(format!("step: {e}")),
+                Ok(Err(e)) => {
+                    return TrajectoryEnd::Failed(format!(
+                        "step: {}",
+                        rollflash_core::error_chain(&e)
+                    ))
+                }
                 Err(_) => return TrajectoryEnd::Failed(self.timeout_reason("step")),
             };
             t.turns.push(TurnTiming {

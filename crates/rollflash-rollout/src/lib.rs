@@ -13,9 +13,10 @@ pub mod proxy;
 pub mod publish;
 pub mod server;
 pub mod timeline;
+pub mod tinker_adapters;
 
 pub use backend::{Backend, BackendError, BackendLoad, PauseMode, TokenScore, WeightUpdate};
-pub use engine_backend::{EngineBackend, EngineBackendConfig};
+pub use engine_backend::{adapted_model, EngineAdapterHost, EngineBackend, EngineBackendConfig};
 pub use env_manager::{
     EnvFactory, EnvManager, EnvManagerConfig, FailureBackoff, GroupResult, Renderer,
 };
@@ -29,6 +30,9 @@ pub use proxy::{
     BackendEntry, BackendSync, LlmProxy, ProxyConfig, ProxyError, ProxyHandle, ProxyMetrics,
     Replication, SyncTimings, DEFAULT_REQUEST_TIMEOUT, DEFAULT_UPDATE_TIMEOUT,
 };
-pub use publish::{DiskWeights, FixedWeights, PublishError, WeightPublisher};
-pub use server::{serve, ServerConfig, ServerError, ServerState, WeightsAccess};
+pub use publish::{
+    adapter_name, AdapterProbe, DiskWeights, FixedWeights, Layout, PublishError, WeightPublisher,
+};
+pub use server::{serve, AdapterHost, ServerConfig, ServerError, ServerState, WeightsAccess};
 pub use timeline::Timeline;
+pub use tinker_adapters::TinkerAdapters;

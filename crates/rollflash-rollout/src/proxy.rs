@@ -595,7 +595,7 @@ impl ProxyHandle {
         for (i, (r, took)) in results.into_iter().enumerate() {
             let name = self.backends[i].name().to_string();
             if let Err(e) = &r {
-                tracing::warn!(backend = %name, error = %e, "weight sync failed; the backend leaves rotation");
+                tracing::warn!(backend = %name, error = %rollflash_core::error_chain(&e), "weight sync failed; the backend leaves rotation");
                 failed.push(name.clone());
             }
             backends.push(BackendSync {
@@ -1050,7 +1050,7 @@ impl ProxyTask {
                         attempt,
                         outcome: Outcome::Failed {
                             retryable,
-                            reason: e.to_string(),
+                            reason: rollflash_core::error_chain(&e),
                         },
                     });
                     self.weights.set_down(backend.0, true);
@@ -1060,7 +1060,7 @@ impl ProxyTask {
                 }
                 Outcome::Failed {
                     retryable,
-                    reason: e.to_string(),
+                    reason: rollflash_core::error_chain(&e),
                 }
             }
         };
@@ -1168,7 +1168,7 @@ impl ProxyTask {
                 }
                 if let Some(update) = weights.latest() {
                     if let Err(e) = weights.update(b.0, backend.as_ref(), &update, &tx).await {
-                        tracing::debug!(backend = backend.name(), error = %e, "catch-up weight update failed");
+                        tracing::debug!(backend = backend.name(), error = %rollflash_core::error_chain(&e), "catch-up weight update failed");
                         continue;
                     }
                 }

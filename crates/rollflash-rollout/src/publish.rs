@@ -1,15 +1,24 @@
 //! Weight publication to remote backends: the learner hands out in-process weights
 //! (`WeightUpdate::InProcess`, which embedded engines take without a copy); a server in
 //! another process can only load a directory. [`WeightPublisher`] writes each version once as
-//! a Hugging Face directory (`v00000007/`: `config.json`, safetensors, tokenizer files) under
-//! one root — written to a temporary name and renamed, so a server never sees half a
-//! checkpoint — and prunes all but the newest few. A model with LoRA adapters is written
-//! merged (`W + (alpha/r)·B·A`), since a server loads plain weights. [`DiskWeights`] wraps a remote backend so
-//! that an in-process update reaches it as `WeightUpdate::Disk` of that directory; every
-//! remote backend of a sync shares the one directory.
+//! a Hugging Face directory (`v00000007/`: `config.json`, safetensors, tokenizer files), or,
+//! for a LoRA model sent adapter-only, as a PEFT adapter directory (`adapter-v00000007/`:
+//! `adapter_config.json`, `adapter_model.safetensors`), under one root — written to a
+//! temporary name and renamed, so a server never sees half a version — and prunes all but the
+//! newest few of each layout. [`DiskWeights`] wraps a remote backend so that an in-process
+//! update reaches it as `WeightUpdate::Disk` of the merged model (`W + (alpha/r)·B·A`), or, on
+//! the adapter route, as `WeightUpdate::Adapter`; every remote backend of a sync shares the
+//! one directory.
+//!
+//! The adapter route is never trusted blindly (a server that loads an adapter and samples
+//! from the base would train a policy nobody samples from): after each adapter load a probe
+//! generation runs on the server and its log-probs must match the trainer's adapted model
+//! ([`AdapterProbe`]); a server failing it leaves rotation with the reason. A server that
+//! refuses adapters (`Unsupported`) is sent merged weights from then on, with a warning.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -19,29 +28,41 @@ use rollflash_model::model::Transformer;
 use rollflash_model::tokenizer::Tokenizer;
 
 use crate::backend::{Backend, BackendError, BackendLoad, PauseMode, TokenScore, WeightUpdate};
+use crate::tinker_adapters::TinkerAdapters;
 
 /// A version could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
-    #[error("cannot prepare the weights directory {path}: {source}")]
+    #[error("cannot prepare the weights directory {path}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot write weights version {version} to {path}: {source}")]
+    #[error("cannot write weights version {version} to {path}")]
     Save {
         version: PolicyVersion,
         path: PathBuf,
         #[source]
         source: rollflash_model::ModelError,
     },
-    #[error("the task writing weights version {version} failed: {source}")]
+    #[error("the task writing weights version {version} failed")]
     Task {
         version: PolicyVersion,
         #[source]
         source: tokio::task::JoinError,
     },
+    #[error("weights version {version} has no LoRA adapters to publish adapter-only")]
+    NoAdapters { version: PolicyVersion },
+}
+
+/// How a version is laid out on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// A whole Hugging Face model directory, adapters merged in.
+    Merged,
+    /// A PEFT adapter directory only (the server holds the base).
+    Adapter,
 }
 
 /// Writes each published version as a Hugging Face directory under one root, once.
@@ -55,7 +76,7 @@ pub struct WeightPublisher {
     tokenizer: Option<Arc<Tokenizer>>,
     /// The versions on disk, oldest first. A tokio `Mutex`, held while a version is written:
     /// the backends of one sync wait for the same directory instead of writing it twice.
-    written: tokio::sync::Mutex<VecDeque<(PolicyVersion, PathBuf)>>,
+    written: tokio::sync::Mutex<VecDeque<(PolicyVersion, Layout, PathBuf)>>,
 }
 
 impl std::fmt::Debug for WeightPublisher {
@@ -105,6 +126,11 @@ impl WeightPublisher {
         self.root.join(format!("v{:08}", version.0))
     }
 
+    /// The directory a version's adapter is published as.
+    pub fn adapter_dir_of(&self, version: PolicyVersion) -> PathBuf {
+        self.root.join(format!("adapter-v{:08}", version.0))
+    }
+
     /// The directory holding `model` as `version`: written now (to a temporary name, then
     /// renamed) unless this version already was, and older versions beyond `keep` removed.
     pub async fn publish(
@@ -112,32 +138,94 @@ impl WeightPublisher {
         model: &Transformer,
         version: PolicyVersion,
     ) -> Result<PathBuf, PublishError> {
+        self.publish_as(model, version, Layout::Merged).await
+    }
+
+    /// The PEFT adapter directory of `model` (which must have adapters) as `version`, written
+    /// as [`WeightPublisher::publish`] writes whole models; a few MB where the model is GBs.
+    pub async fn publish_adapter(
+        &self,
+        model: &Transformer,
+        version: PolicyVersion,
+    ) -> Result<PathBuf, PublishError> {
+        self.publish_as(model, version, Layout::Adapter).await
+    }
+
+    async fn publish_as(
+        &self,
+        model: &Transformer,
+        version: PolicyVersion,
+        layout: Layout,
+    ) -> Result<PathBuf, PublishError> {
         let mut written = self.written.lock().await;
-        if let Some((_, path)) = written.iter().find(|(v, _)| *v == version) {
+        if let Some((_, _, path)) = written
+            .iter()
+            .find(|(v, l, _)| *v == version && *l == layout)
+        {
             return Ok(path.clone());
         }
-        let dir = self.dir_of(version);
-        let tmp = self
-            .root
-            .join(format!(".tmp-v{:08}-{}", version.0, std::process::id()));
+        let (dir, tmp_name) = match layout {
+            Layout::Merged => (self.dir_of(version), "v"),
+            Layout::Adapter => (self.adapter_dir_of(version), "adapter-v"),
+        };
+        let tmp = self.root.join(format!(
+            ".tmp-{tmp_name}{:08}-{}",
+            version.0,
+            std::process::id()
+        ));
         let (cfg, tok) = (self.model_cfg.clone(), self.tokenizer.clone());
         let (tmp2, dir2, model) = (tmp.clone(), dir.clone(), model.clone());
-        tokio::task::spawn_blocking(move || {
-            // A server knows nothing of LoRA: it gets the adapters merged into the base.
-            let weights = model
-                .merged_weights()
-                .map_err(|source| PublishError::Save {
-                    version,
-                    path: dir2.clone(),
-                    source,
-                })?;
-            write_dir(&tmp2, &dir2, &cfg, &weights, tok, version)
+        tokio::task::spawn_blocking(move || match layout {
+            Layout::Merged => {
+                // A server without the adapter route gets the adapters merged into the base.
+                let weights = model
+                    .merged_weights()
+                    .map_err(|source| PublishError::Save {
+                        version,
+                        path: dir2.clone(),
+                        source,
+                    })?;
+                write_dir(&tmp2, &dir2, |t| {
+                    rollflash_model::hf::save_dir(t, &cfg, &weights, tok.as_deref()).map_err(
+                        |source| PublishError::Save {
+                            version,
+                            path: t.to_path_buf(),
+                            source,
+                        },
+                    )
+                })
+            }
+            Layout::Adapter => {
+                let adapters = model
+                    .adapters()
+                    .ok_or(PublishError::NoAdapters { version })?;
+                write_dir(&tmp2, &dir2, |t| {
+                    std::fs::create_dir_all(t).map_err(|source| PublishError::Io {
+                        path: t.to_path_buf(),
+                        source,
+                    })?;
+                    // The base is whatever the server was started with; the name is only a
+                    // label PEFT readers keep.
+                    rollflash_model::lora::save_peft(t, adapters, "rollflash-base").map_err(
+                        |source| PublishError::Save {
+                            version,
+                            path: t.to_path_buf(),
+                            source,
+                        },
+                    )
+                })
+            }
         })
         .await
         .map_err(|source| PublishError::Task { version, source })??;
-        written.push_back((version, dir.clone()));
-        while written.len() > self.keep {
-            if let Some((old, path)) = written.pop_front() {
+        written.push_back((version, layout, dir.clone()));
+        // Prune per layout: a fallback from adapters to merged weights keeps the newest of
+        // each.
+        while written.iter().filter(|(_, l, _)| *l == layout).count() > self.keep {
+            let Some(i) = written.iter().position(|(_, l, _)| *l == layout) else {
+                break;
+            };
+            if let Some((old, _, path)) = written.remove(i) {
                 if let Err(e) = std::fs::remove_dir_all(&path) {
                     tracing::warn!(version = %old, path = %path.display(), error = %e, "cannot prune published weights");
                 }
@@ -147,15 +235,12 @@ impl WeightPublisher {
     }
 }
 
-/// Saves into `tmp`, then renames it to `dir` (replacing a directory of the same version left
-/// by an earlier process, e.g. before a resume).
+/// Saves into `tmp` with `save`, then renames it to `dir` (replacing a directory of the same
+/// version left by an earlier process, e.g. before a resume).
 fn write_dir(
     tmp: &Path,
     dir: &Path,
-    cfg: &ModelConfig,
-    weights: &rollflash_model::weights::Weights,
-    tokenizer: Option<Arc<Tokenizer>>,
-    version: PolicyVersion,
+    save: impl FnOnce(&Path) -> Result<(), PublishError>,
 ) -> Result<(), PublishError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -164,13 +249,7 @@ fn write_dir(
     if tmp.exists() {
         std::fs::remove_dir_all(tmp).map_err(io(tmp))?;
     }
-    rollflash_model::hf::save_dir(tmp, cfg, weights, tokenizer.as_deref()).map_err(|source| {
-        PublishError::Save {
-            version,
-            path: tmp.to_path_buf(),
-            source,
-        }
-    })?;
+    save(tmp)?;
     if dir.exists() {
         std::fs::remove_dir_all(dir).map_err(io(dir))?;
     }
@@ -178,15 +257,310 @@ fn write_dir(
 }
 
 /// A remote backend that receives in-process weights as a directory written by a shared
-/// [`WeightPublisher`]; everything else goes straight to the backend it wraps.
+/// [`WeightPublisher`] (merged, or adapter-only with [`DiskWeights::adapter`]); everything
+/// else goes straight to the backend it wraps.
 pub struct DiskWeights {
     inner: Arc<dyn Backend>,
-    publisher: Arc<WeightPublisher>,
+    /// Where in-process versions are written (`None` on the Tinker route, which gets none).
+    publisher: Option<Arc<WeightPublisher>>,
+    /// The Tinker route: remote versions (`tinker://…`) arrive as the server's adapter.
+    tinker: Option<Arc<TinkerAdapters>>,
+    layout: Layout,
+    /// Set when the server refused adapters: merged weights from then on.
+    fell_back: AtomicBool,
+    probe: AdapterProbe,
 }
 
 impl DiskWeights {
+    /// Merged weights, every version.
     pub fn new(inner: Arc<dyn Backend>, publisher: Arc<WeightPublisher>) -> Self {
-        DiskWeights { inner, publisher }
+        DiskWeights {
+            inner,
+            publisher: Some(publisher),
+            tinker: None,
+            layout: Layout::Merged,
+            fell_back: AtomicBool::new(false),
+            probe: AdapterProbe::default(),
+        }
+    }
+
+    /// The adapter only, for a LoRA model and a server with runtime adapter routes: each
+    /// load is checked by `probe`; a model without adapters, or a server that answers
+    /// `Unsupported`, gets merged weights instead.
+    pub fn adapter(
+        inner: Arc<dyn Backend>,
+        publisher: Arc<WeightPublisher>,
+        probe: AdapterProbe,
+    ) -> Self {
+        DiskWeights {
+            layout: Layout::Adapter,
+            probe,
+            ..DiskWeights::new(inner, publisher)
+        }
+    }
+
+    /// The Tinker route: a version a Tinker learner saved (`WeightUpdate::Remote`) reaches
+    /// this backend (not one of the server's samplers) as the server's PEFT adapter, fetched
+    /// once per version by the shared `adapters` and checked by a probe against the server.
+    pub fn tinker(inner: Arc<dyn Backend>, adapters: Arc<TinkerAdapters>) -> Self {
+        DiskWeights {
+            inner,
+            publisher: None,
+            tinker: Some(adapters),
+            layout: Layout::Adapter,
+            fell_back: AtomicBool::new(false),
+            probe: AdapterProbe::default(),
+        }
+    }
+
+    /// The layout versions reach this server in now (`Merged` after a fallback).
+    pub fn layout(&self) -> Layout {
+        if self.fell_back.load(Ordering::SeqCst) {
+            Layout::Merged
+        } else {
+            self.layout
+        }
+    }
+
+    fn publish_failed(&self, e: PublishError) -> BackendError {
+        BackendError::Unavailable {
+            backend: self.inner.name().to_string(),
+            reason: "publishing the weights for it failed".into(),
+            source: Some(Box::new(e)),
+        }
+    }
+
+    fn publisher(&self) -> Result<&WeightPublisher, BackendError> {
+        self.publisher
+            .as_deref()
+            .ok_or_else(|| BackendError::InvalidRequest {
+                reason: "in-process weights on the Tinker route, whose learner is remote".into(),
+                source: None,
+            })
+    }
+
+    /// Loads a Tinker learner's version as its adapter and proves the backend serves it.
+    async fn send_tinker(
+        &self,
+        adapters: &TinkerAdapters,
+        uri: &str,
+        version: PolicyVersion,
+    ) -> Result<(), BackendError> {
+        let dir = adapters.fetch(uri, version).await?;
+        self.inner
+            .update_weights(&WeightUpdate::Adapter {
+                dir,
+                name: adapter_name(version),
+                version,
+            })
+            .await?;
+        // As on the publisher's adapter route: the probe needs the backend generating.
+        self.inner.resume().await?;
+        let checked = adapters.check(self.inner.as_ref(), uri, version).await;
+        let repaused = self.inner.pause(PauseMode::Keep).await;
+        checked?;
+        repaused
+    }
+
+    async fn send_merged(
+        &self,
+        model: &Transformer,
+        version: PolicyVersion,
+    ) -> Result<(), BackendError> {
+        let path = self
+            .publisher()?
+            .publish(model, version)
+            .await
+            .map_err(|e| self.publish_failed(e))?;
+        self.inner
+            .update_weights(&WeightUpdate::Disk { path, version })
+            .await
+    }
+
+    /// Publishes and loads the adapter, then proves the server applies it. `Ok(false)`: the
+    /// server has no adapter routes (the caller falls back).
+    async fn send_adapter(
+        &self,
+        model: &Arc<Transformer>,
+        version: PolicyVersion,
+    ) -> Result<bool, BackendError> {
+        let dir = self
+            .publisher()?
+            .publish_adapter(model, version)
+            .await
+            .map_err(|e| self.publish_failed(e))?;
+        let update = WeightUpdate::Adapter {
+            dir,
+            name: adapter_name(version),
+            version,
+        };
+        match self.inner.update_weights(&update).await {
+            Ok(()) => {}
+            Err(BackendError::Unsupported { what, .. }) => {
+                tracing::warn!(
+                    backend = %self.inner.name(),
+                    %version,
+                    "the server cannot load LoRA adapters ({what}): it is sent merged weights \
+                     from now on"
+                );
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        }
+        // The sync holds the backend paused; the probe needs it generating. In keep mode the
+        // held requests go on meanwhile under the adapter each one names, which is the
+        // version their tokens are labelled with.
+        self.inner.resume().await?;
+        let checked = self.probe.check(self.inner.as_ref(), model, version).await;
+        let repaused = self.inner.pause(PauseMode::Keep).await;
+        checked?;
+        repaused.map(|()| true)
+    }
+}
+
+/// The name a version's adapter is loaded under on servers (`lora_name`, the `model` of
+/// OpenAI requests): one per version, so a request names exactly the weights it runs under.
+pub fn adapter_name(version: PolicyVersion) -> String {
+    format!("rollflash-v{}", version.0)
+}
+
+/// Proves a server serves the adapter it loaded: a short generation of a fixed prompt at
+/// temperature 1, whose log-probs must match the trainer's adapted model within `tolerance`.
+/// Where the adapter changes those log-probs by more than the tolerance, a server that
+/// samples from the base fails; where it does not (a fresh adapter, `B = 0`), the check is
+/// passed vacuously (nothing can tell the two apart).
+#[derive(Debug, Clone)]
+pub struct AdapterProbe {
+    /// Largest |served − trainer| allowed per token (both float32, same weights).
+    pub tolerance: f32,
+    /// Tokens generated by the probe.
+    pub tokens: usize,
+}
+
+impl Default for AdapterProbe {
+    fn default() -> Self {
+        AdapterProbe {
+            // vLLM's float32 CPU log-probs are within 5e-5 of the trainer's (the real-vLLM
+            // test's measure); the embedded engine's within 1e-5. 1e-3 is that suite's bound.
+            tolerance: 1e-3,
+            tokens: 4,
+        }
+    }
+}
+
+/// Request ids of probes: counted down from the top, far from the proxy's ids, which count
+/// up from 1.
+static PROBE_IDS: AtomicU64 = AtomicU64::new(u64::MAX / 2);
+
+/// A probe's generation on `backend`: a fixed prompt of ordinary token ids below `vocab`
+/// (none special on the models we ship), then `tokens` new tokens at temperature 1, seeded
+/// by the version; the prompt and what was served. Both adapter probes (the trainer's
+/// model here, a Tinker server's) judge the served log-probs.
+pub(crate) async fn probe_generation(
+    backend: &dyn Backend,
+    vocab: usize,
+    tokens: usize,
+    version: PolicyVersion,
+) -> Result<(Vec<u32>, Generated), BackendError> {
+    let vocab = vocab.max(1);
+    let prompt: Vec<u32> = (0..8u32)
+        .map(|i| ((i as usize * 37 + 11) % vocab) as u32)
+        .collect();
+    let req = GenRequest {
+        id: RequestId(PROBE_IDS.fetch_sub(1, Ordering::Relaxed)),
+        prompt: prompt.clone(),
+        params: rollflash_core::SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            max_new_tokens: tokens.max(1),
+            stop_token_ids: Vec::new(),
+            seed: Some(version.0),
+        },
+        start_version: version,
+        resume: None,
+    };
+    Ok((prompt, backend.generate(req).await?.output))
+}
+
+impl AdapterProbe {
+    async fn check(
+        &self,
+        backend: &dyn Backend,
+        model: &Arc<Transformer>,
+        version: PolicyVersion,
+    ) -> Result<(), BackendError> {
+        let (prompt, served) =
+            probe_generation(backend, model.config().vocab_size, self.tokens, version).await?;
+        if served.tokens.is_empty() {
+            return Err(self.failed(backend, version, "the probe generated no tokens".into()));
+        }
+        let model = Arc::clone(model);
+        let mut seq = prompt.clone();
+        seq.extend_from_slice(&served.tokens);
+        let p = prompt.len();
+        let (adapted, base) = tokio::task::spawn_blocking(move || {
+            let lp = |m: &Transformer| -> Result<Vec<f32>, rollflash_model::ModelError> {
+                let st = rollflash_model::train::token_stats(m, &[&seq], 1.0, true)?;
+                Ok(st.logprobs.to_vec1::<f32>()?[p..].to_vec())
+            };
+            let base = Transformer::from_weights(
+                model.config(),
+                &model.weights(),
+                model.dtype(),
+                model.device(),
+            )?;
+            Ok::<_, rollflash_model::ModelError>((lp(&model)?, lp(&base)?))
+        })
+        .await
+        .map_err(|e| BackendError::Unavailable {
+            backend: backend.name().to_string(),
+            reason: "the adapter probe's scoring task failed".into(),
+            source: Some(Box::new(e)),
+        })??;
+        let dist = |a: &[f32]| {
+            served
+                .logprobs
+                .iter()
+                .zip(a)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max)
+        };
+        let (to_adapted, to_base) = (dist(&adapted), dist(&base));
+        let bad_version = served.versions.iter().find(|v| **v != version);
+        if let Some(v) = bad_version {
+            return Err(self.failed(
+                backend,
+                version,
+                format!("the probe's tokens are labelled version {v}"),
+            ));
+        }
+        if to_adapted > self.tolerance {
+            let why = if to_base <= self.tolerance {
+                "it samples from the base model: the adapter is ignored"
+            } else {
+                "they match neither the adapted nor the base model"
+            };
+            return Err(self.failed(
+                backend,
+                version,
+                format!(
+                    "served log-probs differ from the trainer's adapted model by {to_adapted:.2e} \
+                     (from the base model by {to_base:.2e}; tolerance {:.0e}): {why}",
+                    self.tolerance
+                ),
+            ));
+        }
+        tracing::debug!(backend = %backend.name(), %version, to_adapted, to_base, "adapter probe passed");
+        Ok(())
+    }
+
+    fn failed(&self, backend: &dyn Backend, version: PolicyVersion, why: String) -> BackendError {
+        BackendError::Protocol {
+            backend: backend.name().to_string(),
+            reason: format!("adapter {} failed its probe: {why}", adapter_name(version)),
+            source: None,
+        }
     }
 }
 
@@ -225,20 +599,19 @@ impl Backend for DiskWeights {
     async fn update_weights(&self, update: &WeightUpdate) -> Result<(), BackendError> {
         match update {
             WeightUpdate::InProcess { model, version } => {
-                let path = self.publisher.publish(model, *version).await.map_err(|e| {
-                    BackendError::Unavailable {
-                        backend: self.inner.name().to_string(),
-                        reason: "publishing the weights for it failed".into(),
-                        source: Some(Box::new(e)),
+                if self.layout() == Layout::Adapter && model.adapters().is_some() {
+                    if self.send_adapter(model, *version).await? {
+                        return Ok(());
                     }
-                })?;
-                let disk = WeightUpdate::Disk {
-                    path,
-                    version: *version,
-                };
-                self.inner.update_weights(&disk).await
+                    self.fell_back.store(true, Ordering::SeqCst);
+                }
+                self.send_merged(model, *version).await
             }
-            WeightUpdate::Disk { .. } | WeightUpdate::Remote { .. } => {
+            WeightUpdate::Remote { uri, version } => match &self.tinker {
+                Some(adapters) => self.send_tinker(adapters, uri, *version).await,
+                None => self.inner.update_weights(update).await,
+            },
+            WeightUpdate::Disk { .. } | WeightUpdate::Adapter { .. } => {
                 self.inner.update_weights(update).await
             }
         }

@@ -16,6 +16,12 @@
 //! base, and `adapter_model.safetensors`): the directory is a Hugging Face model plus a PEFT
 //! adapter, `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(d), d)`, and the
 //! AdamW moments cover the adapters only.
+//!
+//! A run whose learner is a Tinker server holds no weights of its own: its checkpoint has the
+//! same `state.json`, `metrics.jsonl` and `checksums.json`, and `tinker.json` instead of the
+//! tensors — the server, the trained model's id and the `tinker://` path of the state (LoRA
+//! weights and Adam moments) that the learner saved there at that step ([`TinkerSaved`]); a
+//! resumed run loads it into a fresh model on the server (`load_state`).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -34,26 +40,22 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::eval::EvalResult;
+use rollflash_core::IoError;
 use rollflash_trainer::learner::PolicyLearner;
 use rollflash_trainer::Cursor;
 
 /// A checkpoint could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("checkpoint {path}: {source}")]
+    #[error(transparent)]
+    Io(#[from] IoError),
+    #[error("checkpoint {path}")]
     Model {
         path: PathBuf,
         #[source]
         source: rollflash_model::ModelError,
     },
-    #[error("checkpoint {path}: state.json: {source}")]
+    #[error("checkpoint {path}: state.json")]
     State {
         path: PathBuf,
         #[source]
@@ -67,8 +69,9 @@ pub enum CheckpointError {
     /// Every checkpoint under the root was refused; each reason is listed.
     #[error("no usable checkpoint under {}: {}", root.display(), refused.join("; "))]
     NoneUsable { root: PathBuf, refused: Vec<String> },
-    #[error(transparent)]
-    Metrics(#[from] crate::metrics::MetricsError),
+    /// The checkpoint was written by another kind of learner than the run's.
+    #[error("checkpoint {}: {reason}", dir.display())]
+    OtherLearner { dir: PathBuf, reason: String },
 }
 
 /// `state.json`: everything besides tensors that a resumed run needs.
@@ -158,6 +161,7 @@ const STATE: &str = "state.json";
 const CHECKSUMS: &str = "checksums.json";
 const TMP_PREFIX: &str = ".tmp-step-";
 const OPTIMIZER: &str = "optimizer.safetensors";
+const TINKER: &str = "tinker.json";
 const METRICS: &str = "metrics.jsonl";
 
 /// The directory of step `n` under `root`. Zero-padded so names sort by step.
@@ -184,11 +188,11 @@ fn list(root: &Path) -> Result<Vec<(usize, PathBuf)>, CheckpointError> {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
-            return Err(CheckpointError::Io {
-                what: "cannot list checkpoints in",
-                path: root.to_path_buf(),
+            return Err(CheckpointError::Io(IoError::new(
+                "cannot list checkpoints in",
+                root.to_path_buf(),
                 source,
-            })
+            )))
         }
     };
     let mut out: Vec<(usize, PathBuf)> = rd
@@ -203,6 +207,29 @@ fn list(root: &Path) -> Result<Vec<(usize, PathBuf)>, CheckpointError> {
         .collect();
     out.sort();
     Ok(out)
+}
+
+/// `tinker.json`: where a Tinker learner's state lives on its server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TinkerSaved {
+    /// The server's URL when the state was saved.
+    pub server: String,
+    /// The trained model's id on that server.
+    pub model_id: String,
+    /// What `load_state` takes: `tinker://MODEL/weights/NAME`.
+    pub state_path: String,
+    /// Optimiser steps taken (the learning-rate schedule's position).
+    pub optimizer_steps: usize,
+}
+
+/// What a checkpoint saves of the learner besides `state.json`.
+#[derive(Debug, Clone, Copy)]
+pub enum Payload<'a> {
+    /// The embedded learner: weights (and adapters) in Hugging Face/PEFT layout, and its
+    /// AdamW moments.
+    Embedded(&'a PolicyLearner),
+    /// A Tinker learner: where its state was saved on the server.
+    Tinker(&'a TinkerSaved),
 }
 
 /// Writes checkpoints of one run.
@@ -239,21 +266,17 @@ impl Checkpointer {
     /// then rename), copies `metrics` into it, and prunes old ones. Returns its path.
     pub fn save(
         &self,
-        learner: &PolicyLearner,
+        learner: Payload<'_>,
         state: &CheckpointState,
         metrics: &Path,
     ) -> Result<PathBuf, CheckpointError> {
-        let io = |what, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| CheckpointError::Io { what, path, source }
-        };
         let n = state.cursor.steps_done;
         let dir = step_dir(&self.root, n);
         let tmp = self.root.join(format!("{TMP_PREFIX}{n:08}"));
         if tmp.exists() {
-            std::fs::remove_dir_all(&tmp).map_err(io("cannot clear", &tmp))?;
+            std::fs::remove_dir_all(&tmp).map_err(IoError::at("cannot clear", &tmp))?;
         }
-        std::fs::create_dir_all(&tmp).map_err(io("cannot create", &tmp))?;
+        std::fs::create_dir_all(&tmp).map_err(IoError::at("cannot create", &tmp))?;
         // A failed write (a full disk) leaves no temporary directory behind; what exists is
         // untouched.
         if let Err(e) = self.write_files(&tmp, &dir, learner, state, metrics) {
@@ -261,14 +284,14 @@ impl Checkpointer {
             return Err(e);
         }
         if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(io("cannot replace", &dir))?;
+            std::fs::remove_dir_all(&dir).map_err(IoError::at("cannot replace", &dir))?;
         }
-        std::fs::rename(&tmp, &dir).map_err(io("cannot rename into", &dir))?;
+        std::fs::rename(&tmp, &dir).map_err(IoError::at("cannot rename into", &dir))?;
         // The rename itself reaches the disk only with the parent directory.
-        sync_dir(&self.root).map_err(io("cannot flush", &self.root))?;
+        sync_dir(&self.root).map_err(IoError::at("cannot flush", &self.root))?;
         let all = list(&self.root)?;
         for (_, old) in all.iter().take(all.len().saturating_sub(self.keep)) {
-            std::fs::remove_dir_all(old).map_err(io("cannot prune", old))?;
+            std::fs::remove_dir_all(old).map_err(IoError::at("cannot prune", old))?;
         }
         Ok(dir)
     }
@@ -278,42 +301,52 @@ impl Checkpointer {
         &self,
         tmp: &Path,
         dir: &Path,
-        learner: &PolicyLearner,
+        learner: Payload<'_>,
         state: &CheckpointState,
         metrics: &Path,
     ) -> Result<(), CheckpointError> {
-        let io = |what, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| CheckpointError::Io { what, path, source }
-        };
         let model = |source| CheckpointError::Model {
             path: tmp.to_path_buf(),
             source,
         };
-        rollflash_model::hf::save_dir(
-            tmp,
-            &self.model_cfg,
-            &learner.model().weights(),
-            Some(&self.tokenizer),
-        )
-        .map_err(model)?;
-        if let Some(adapters) = learner.model().adapters() {
-            // The base is this directory's own weights, under the name it will have.
-            let base = std::path::absolute(dir).map_err(io("cannot resolve", dir))?;
-            rollflash_model::lora::save_peft(tmp, adapters, &base.to_string_lossy())
+        match learner {
+            Payload::Embedded(learner) => {
+                rollflash_model::hf::save_dir(
+                    tmp,
+                    &self.model_cfg,
+                    &learner.model().weights(),
+                    Some(&self.tokenizer),
+                )
                 .map_err(model)?;
+                if let Some(adapters) = learner.model().adapters() {
+                    // The base is this directory's own weights, under the name it will have.
+                    let base =
+                        std::path::absolute(dir).map_err(IoError::at("cannot resolve", dir))?;
+                    rollflash_model::lora::save_peft(tmp, adapters, &base.to_string_lossy())
+                        .map_err(model)?;
+                }
+                let (_, moments) = learner.optimizer().state().map_err(model)?;
+                moments
+                    .save_safetensors(&tmp.join(OPTIMIZER))
+                    .map_err(model)?;
+            }
+            Payload::Tinker(saved) => {
+                let text = serde_json::to_string_pretty(saved).map_err(|source| {
+                    CheckpointError::State {
+                        path: tmp.to_path_buf(),
+                        source,
+                    }
+                })?;
+                std::fs::write(tmp.join(TINKER), text).map_err(IoError::at("cannot write", tmp))?;
+            }
         }
-        let (_, moments) = learner.optimizer().state().map_err(model)?;
-        moments
-            .save_safetensors(&tmp.join(OPTIMIZER))
-            .map_err(model)?;
-        std::fs::copy(metrics, tmp.join(METRICS)).map_err(io("cannot copy", metrics))?;
+        std::fs::copy(metrics, tmp.join(METRICS)).map_err(IoError::at("cannot copy", metrics))?;
         let text =
             serde_json::to_string_pretty(state).map_err(|source| CheckpointError::State {
                 path: tmp.to_path_buf(),
                 source,
             })?;
-        std::fs::write(tmp.join(STATE), text).map_err(io("cannot write", tmp))?;
+        std::fs::write(tmp.join(STATE), text).map_err(IoError::at("cannot write", tmp))?;
         let sums = Checksums::of_dir(tmp, true)?;
         let text =
             serde_json::to_string_pretty(&sums).map_err(|source| CheckpointError::State {
@@ -321,8 +354,8 @@ impl Checkpointer {
                 source,
             })?;
         let path = tmp.join(CHECKSUMS);
-        write_synced(&path, text.as_bytes()).map_err(io("cannot write", &path))?;
-        sync_dir(tmp).map_err(io("cannot flush", tmp))?;
+        write_synced(&path, text.as_bytes()).map_err(IoError::at("cannot write", &path))?;
+        sync_dir(tmp).map_err(IoError::at("cannot flush", tmp))?;
         Ok(())
     }
 }
@@ -347,13 +380,9 @@ impl Checksums {
     /// The sums of every file in `dir` except `checksums.json`; with `flush`, each file is
     /// also flushed to disk through the handle that read it.
     pub fn of_dir(dir: &Path, flush: bool) -> Result<Checksums, CheckpointError> {
-        let io = |what, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| CheckpointError::Io { what, path, source }
-        };
         let mut files = BTreeMap::new();
-        for entry in std::fs::read_dir(dir).map_err(io("cannot list", dir))? {
-            let entry = entry.map_err(io("cannot list", dir))?;
+        for entry in std::fs::read_dir(dir).map_err(IoError::at("cannot list", dir))? {
+            let entry = entry.map_err(IoError::at("cannot list", dir))?;
             let path = entry.path();
             let Some(name) = entry.file_name().to_str().map(str::to_string) else {
                 continue;
@@ -361,7 +390,7 @@ impl Checksums {
             if name == CHECKSUMS || !path.is_file() {
                 continue;
             }
-            let sum = file_sum(&path, flush).map_err(io("cannot read", &path))?;
+            let sum = file_sum(&path, flush).map_err(IoError::at("cannot read", &path))?;
             files.insert(name, sum);
         }
         Ok(Checksums {
@@ -425,11 +454,11 @@ pub fn verify(dir: &Path) -> Result<bool, CheckpointError> {
             return Ok(false);
         }
         Err(source) => {
-            return Err(CheckpointError::Io {
-                what: "cannot read",
-                path: sums_path,
+            return Err(CheckpointError::Io(IoError::new(
+                "cannot read",
+                sums_path,
                 source,
-            })
+            )))
         }
     };
     let sums: Checksums = serde_json::from_str(&text)
@@ -448,11 +477,11 @@ pub fn verify(dir: &Path) -> Result<bool, CheckpointError> {
                 return Err(corrupt(path, "missing".into()))
             }
             Err(source) => {
-                return Err(CheckpointError::Io {
-                    what: "cannot read",
+                return Err(CheckpointError::Io(IoError::new(
+                    "cannot read",
                     path,
                     source,
-                })
+                )))
             }
         };
         if got.bytes != want.bytes {
@@ -525,11 +554,7 @@ pub fn set_aside(dir: &Path) -> Result<PathBuf, CheckpointError> {
         to = parent.join(format!("refused-{name}.{k}"));
         k += 1;
     }
-    std::fs::rename(dir, &to).map_err(|source| CheckpointError::Io {
-        what: "cannot set aside",
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    std::fs::rename(dir, &to).map_err(IoError::at("cannot set aside", dir))?;
     Ok(to)
 }
 
@@ -554,11 +579,8 @@ pub fn clear_partial(root: &Path) -> Vec<PathBuf> {
 }
 
 fn read_state(dir: &Path) -> Result<CheckpointState, CheckpointError> {
-    let text = std::fs::read_to_string(dir.join(STATE)).map_err(|source| CheckpointError::Io {
-        what: "cannot read",
-        path: dir.join(STATE),
-        source,
-    })?;
+    let text = std::fs::read_to_string(dir.join(STATE))
+        .map_err(IoError::at("cannot read", dir.join(STATE)))?;
     serde_json::from_str(&text).map_err(|source| CheckpointError::State {
         path: dir.to_path_buf(),
         source,
@@ -572,6 +594,24 @@ pub struct Loaded {
     /// Every file matched `checksums.json` (false only for a checkpoint written before them).
     pub verified: bool,
     pub state: CheckpointState,
+    /// What the learner saved.
+    pub learner: LoadedLearner,
+    /// `metrics.jsonl` up to the checkpoint.
+    pub metrics: Vec<serde_json::Value>,
+}
+
+/// The learner's part of a checkpoint read back.
+#[derive(Debug)]
+pub enum LoadedLearner {
+    /// The embedded learner's weights and optimizer.
+    Embedded(Box<EmbeddedSaved>),
+    /// Where a Tinker learner's state is on its server.
+    Tinker(TinkerSaved),
+}
+
+/// The embedded learner's weights and optimizer moments, read back.
+#[derive(Debug)]
+pub struct EmbeddedSaved {
     pub model_cfg: ModelConfig,
     /// With adapters, the frozen base.
     pub weights: Weights,
@@ -579,14 +619,41 @@ pub struct Loaded {
     pub adapters: Option<Adapters>,
     /// Optimizer moments (see [`AdamW::state`]).
     pub moments: Weights,
-    /// `metrics.jsonl` up to the checkpoint.
-    pub metrics: Vec<serde_json::Value>,
 }
 
 impl Loaded {
+    /// The embedded learner's part, or an error saying the checkpoint is a Tinker run's.
+    pub fn embedded(&self) -> Result<&EmbeddedSaved, CheckpointError> {
+        match &self.learner {
+            LoadedLearner::Embedded(e) => Ok(e),
+            LoadedLearner::Tinker(t) => Err(CheckpointError::OtherLearner {
+                dir: self.dir.clone(),
+                reason: format!(
+                    "it is a Tinker run's (its state is on {}); resume it with [learner] \
+                     kind = \"tinker\"",
+                    t.server
+                ),
+            }),
+        }
+    }
+
+    /// The Tinker learner's part, or an error saying the checkpoint holds local weights.
+    pub fn tinker(&self) -> Result<&TinkerSaved, CheckpointError> {
+        match &self.learner {
+            LoadedLearner::Tinker(t) => Ok(t),
+            LoadedLearner::Embedded(_) => Err(CheckpointError::OtherLearner {
+                dir: self.dir.clone(),
+                reason: "it holds the embedded learner's weights, which a Tinker server \
+                         cannot load; resume it with [learner] kind = \"embedded\""
+                    .into(),
+            }),
+        }
+    }
+
     /// The optimizer continuing where the checkpoint stopped.
     pub fn optimizer(&self, cfg: OptimizerConfig) -> Result<AdamW, CheckpointError> {
-        AdamW::from_state(cfg, self.state.optimizer_step, &self.moments).map_err(|source| {
+        let e = self.embedded()?;
+        AdamW::from_state(cfg, self.state.optimizer_step, &e.moments).map_err(|source| {
             CheckpointError::Model {
                 path: self.dir.join(OPTIMIZER),
                 source,
@@ -612,23 +679,38 @@ pub fn load(dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> {
             )),
         });
     }
-    let model_cfg = rollflash_model::hf::load_config(dir).map_err(model)?;
-    let weights = rollflash_model::hf::load_weights(dir, device).map_err(model)?;
-    let adapters = if rollflash_model::lora::has_peft(dir) {
-        Some(rollflash_model::lora::load_peft(dir, device).map_err(model)?)
+    let tinker = dir.join(TINKER);
+    let learner = if tinker.exists() {
+        let text =
+            std::fs::read_to_string(&tinker).map_err(IoError::at("cannot read", tinker.clone()))?;
+        LoadedLearner::Tinker(serde_json::from_str(&text).map_err(|e| {
+            CheckpointError::Corrupt {
+                file: tinker.clone(),
+                reason: format!("unreadable: {e}"),
+            }
+        })?)
     } else {
-        None
+        let model_cfg = rollflash_model::hf::load_config(dir).map_err(model)?;
+        let weights = rollflash_model::hf::load_weights(dir, device).map_err(model)?;
+        let adapters = if rollflash_model::lora::has_peft(dir) {
+            Some(rollflash_model::lora::load_peft(dir, device).map_err(model)?)
+        } else {
+            None
+        };
+        let moments = Weights::load_safetensors(&[dir.join(OPTIMIZER)], device).map_err(model)?;
+        LoadedLearner::Embedded(Box::new(EmbeddedSaved {
+            model_cfg,
+            weights,
+            adapters,
+            moments,
+        }))
     };
-    let moments = Weights::load_safetensors(&[dir.join(OPTIMIZER)], device).map_err(model)?;
     let metrics = crate::metrics::read(&dir.join(METRICS))?;
     Ok(Loaded {
         dir: dir.to_path_buf(),
         verified,
         state,
-        model_cfg,
-        weights,
-        adapters,
-        moments,
+        learner,
         metrics,
     })
 }

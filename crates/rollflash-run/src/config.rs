@@ -20,14 +20,14 @@ use serde::{Deserialize, Serialize};
 /// A configuration problem; the message names the field.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}")]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     /// The file is not TOML.
-    #[error("config {path} is not valid TOML: {source}")]
+    #[error("config {path} is not valid TOML")]
     Toml {
         path: PathBuf,
         /// Boxed: keeps `ConfigError` (and every error that wraps it) small.
@@ -35,7 +35,7 @@ pub enum ConfigError {
         source: Box<toml::de::Error>,
     },
     /// A key has a value of the wrong type or an unknown name.
-    #[error("invalid config: `{key}`: {source}")]
+    #[error("invalid config: `{key}`")]
     Type {
         key: String,
         #[source]
@@ -45,19 +45,19 @@ pub enum ConfigError {
     Set { arg: String, reason: String },
     #[error("invalid config field `{field}`: {reason}")]
     Field { field: String, reason: String },
-    #[error("invalid config: {0}")]
+    #[error("invalid config")]
     Buffer(#[from] rollflash_core::buffer::BufferConfigError),
-    #[error("invalid config: env: {0}")]
+    #[error("invalid config: env")]
     Env(#[source] rollflash_env::EnvError),
     /// A loss or estimator setting is out of range (the message names the field).
-    #[error("invalid config: {section}: {source}")]
+    #[error("invalid config: {section}")]
     Train {
         section: &'static str,
         #[source]
         source: rollflash_train::TrainError,
     },
     /// The resolved config could not be written back as TOML.
-    #[error("cannot print the config as TOML: {0}")]
+    #[error("cannot print the config as TOML")]
     Print(#[source] toml::ser::Error),
 }
 
@@ -95,6 +95,21 @@ pub struct TrainConfig {
     pub metrics: MetricsSection,
     /// The live dashboard and the files it reads (`timeline.jsonl`, `trajectories.jsonl`).
     pub dashboard: DashboardSection,
+    /// The code sandbox (`rollflash_sandbox`): pool size and limits of each execution of the
+    /// model's code. Started only by a dataset task with `reward = "code"`.
+    pub sandbox: rollflash_sandbox::SandboxConfig,
+    /// Rewards computed outside the Rust process: `[reward.python]`, the worker pool of a
+    /// dataset task's Python reward function.
+    pub reward: RewardSection,
+}
+
+/// `[reward]`: settings of rewards computed outside the Rust process.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RewardSection {
+    /// The Python worker pool (`rollflash_env::verify::python`): interpreter, workers,
+    /// deadlines. Started only by a dataset task with `reward = { python = … }`.
+    pub python: rollflash_env::verify::python::PythonPoolConfig,
 }
 
 /// Which policy to start from.
@@ -361,6 +376,10 @@ pub struct LearnerSection {
     pub lora_rank: u32,
     /// Bound on one call's result (a step on a busy cluster takes minutes).
     pub timeout_secs: f64,
+    /// How long the learner waits for a server that died or restarted mid-run to come back
+    /// and rejoins it (a fresh model loading the state saved after the last step, which it
+    /// then saves every step); 0 (the default): the run stops with a checkpoint instead.
+    pub rejoin_secs: f64,
 }
 
 impl std::fmt::Debug for LearnerSection {
@@ -373,6 +392,7 @@ impl std::fmt::Debug for LearnerSection {
             .field("base_model", &self.base_model)
             .field("lora_rank", &self.lora_rank)
             .field("timeout_secs", &self.timeout_secs)
+            .field("rejoin_secs", &self.rejoin_secs)
             .finish()
     }
 }
@@ -387,6 +407,7 @@ impl Default for LearnerSection {
             base_model: None,
             lora_rank: 8,
             timeout_secs: 1800.0,
+            rejoin_secs: 0.0,
         }
     }
 }
@@ -437,6 +458,12 @@ impl LearnerSection {
                 "must be a positive number of seconds",
             ));
         }
+        if !(self.rejoin_secs >= 0.0) || !self.rejoin_secs.is_finite() {
+            return Err(field(
+                "learner.rejoin_secs",
+                "must be a number of seconds, 0 or more (0: stop instead of rejoining)",
+            ));
+        }
         // The server's log-probs are at temperature 1; the advantages and the loss compare
         // them with the rollout's.
         if c.rollout.temperature != 1.0 {
@@ -445,24 +472,18 @@ impl LearnerSection {
                 "must be 1 with learner.kind = \"tinker\" (the server scores tokens at temperature 1)",
             ));
         }
-        // The weights live on the server: only its samplers can serve them.
-        if c.rollout.engines > 0
-            || c.rollout
-                .servers
-                .iter()
-                .any(|s| s.kind != ServerKind::Tinker)
+        // The weights live on the server: its samplers load them by path; any other backend
+        // loads the LoRA adapter the server exports (there is no merged export).
+        if let Some(i) = c
+            .rollout
+            .servers
+            .iter()
+            .position(|s| s.kind != ServerKind::Tinker && s.weights == ServerWeights::Merged)
         {
             return Err(field(
-                "rollout",
-                "with learner.kind = \"tinker\" every rollout backend must be a \
-                 [[rollout.servers]] of kind = \"tinker\" (set rollout.engines = 0): an \
-                 embedded engine or another server cannot load the server's adapter",
-            ));
-        }
-        if c.rollout.servers.is_empty() {
-            return Err(field(
-                "rollout.servers",
-                "learner.kind = \"tinker\" needs a [[rollout.servers]] of kind = \"tinker\" to sample from",
+                &format!("rollout.servers[{i}].weights"),
+                "\"merged\" cannot follow a Tinker learner: the server exports its LoRA adapter, \
+                 which this server loads with weights = \"disk\"",
             ));
         }
         if c.warmup.steps > 0 {
@@ -477,13 +498,6 @@ impl LearnerSection {
                 "the Tinker server trains its own LoRA adapter (learner.lora_rank); remove [train.lora]",
             ));
         }
-        if c.checkpoint.every > 0 {
-            return Err(field(
-                "checkpoint.every",
-                "checkpoints during a Tinker run are not supported yet; the final state is \
-                 saved on the server (use 0)",
-            ));
-        }
         rollflash_trainer::TinkerLossPath::of(&c.train.loss)
             .map(|_| ())
             .map_err(|reason| field("train.loss", &reason))
@@ -494,11 +508,28 @@ impl LearnerSection {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ServerWeights {
-    /// It loads each version the learner publishes under `rollout.weights_dir`.
+    /// It loads each version the learner publishes under `rollout.weights_dir`: with
+    /// `[train.lora]` and a server with runtime LoRA routes (`vllm`, `sglang`, `rollflash`),
+    /// the adapter only (a PEFT directory, checked by a probe after each load); otherwise the
+    /// merged model.
     #[default]
     Disk,
+    /// As `disk`, but always the whole merged model (adapter-only sync off).
+    Merged,
     /// It keeps the weights it was started with.
     None,
+}
+
+impl ServerWeights {
+    /// Whether a server of `kind` with these settings is sent adapters only: the one place
+    /// the adapter route is decided.
+    pub fn sends_adapter(self, kind: ServerKind, lora: bool) -> bool {
+        lora && self == ServerWeights::Disk
+            && matches!(
+                kind,
+                ServerKind::Vllm | ServerKind::Sglang | ServerKind::Rollflash
+            )
+    }
 }
 
 impl ServerSection {
@@ -621,6 +652,8 @@ impl Default for TrainConfig {
             checkpoint: Default::default(),
             metrics: Default::default(),
             dashboard: Default::default(),
+            sandbox: Default::default(),
+            reward: Default::default(),
         }
     }
 }
@@ -842,6 +875,13 @@ impl TrainConfig {
     /// Every check serde cannot make. Errors name the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.buffer.validate()?;
+        self.sandbox
+            .validate()
+            .map_err(|e| field(&format!("sandbox.{}", e.field), e.reason))?;
+        self.reward
+            .python
+            .validate()
+            .map_err(|e| field(&format!("reward.python.{}", e.field), e.reason))?;
         self.learner.validate(self)?;
         check_key(
             "dashboard",
@@ -1064,7 +1104,8 @@ fn apply_set(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CheckpointSection {
-    /// Write one every this many steps (0 = never; the final weights are always saved).
+    /// Write one every this many steps (0 = never; the final weights are saved unless
+    /// `final = false`).
     pub every: usize,
     /// How many of the newest checkpoints to keep.
     pub keep: usize,
@@ -1072,6 +1113,12 @@ pub struct CheckpointSection {
     /// default: the run stops with the error; what was written before is intact) or
     /// `continue` (the run goes on without that checkpoint and says so).
     pub on_error: OnCheckpointError,
+    /// `final`: write the trained model to `output_dir/final/` when the run completes (the
+    /// default). `false` skips that full copy of the model (500 MB and more for a real one)
+    /// for runs that need only their metrics, such as benchmarks. A run that stops early
+    /// still writes its resumable checkpoint.
+    #[serde(rename = "final")]
+    pub save_final: bool,
 }
 
 /// `checkpoint.on_error`.
@@ -1089,6 +1136,7 @@ impl Default for CheckpointSection {
             every: 0,
             keep: 3,
             on_error: OnCheckpointError::Stop,
+            save_final: true,
         }
     }
 }

@@ -17,4 +17,5 @@ pub mod prometheus;
 pub mod report;
 pub mod stack;
 pub mod tensorboard;
+pub mod verdicts;
 pub mod warmup;

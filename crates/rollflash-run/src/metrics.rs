@@ -7,17 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
+use rollflash_core::IoError;
 use rollflash_trainer::StepRecord;
-
-/// `metrics.jsonl` could not be written or read.
-#[derive(Debug, thiserror::Error)]
-#[error("{what} {path}: {source}")]
-pub struct MetricsError {
-    pub what: &'static str,
-    pub path: PathBuf,
-    #[source]
-    pub source: std::io::Error,
-}
 
 /// One step as a JSON object. `elapsed_offset_s` is the wall time of earlier processes of
 /// the same run (a resumed run continues the time axis).
@@ -114,12 +105,8 @@ pub struct MetricsLog {
 impl MetricsLog {
     /// Creates (truncates) `path`, then writes `prefix` (the records of a checkpoint being
     /// resumed) so the file always holds exactly the run's steps.
-    pub fn create(path: &Path, prefix: &[Value]) -> Result<Self, MetricsError> {
-        let err = |source| MetricsError {
-            what: "cannot write metrics",
-            path: path.to_path_buf(),
-            source,
-        };
+    pub fn create(path: &Path, prefix: &[Value]) -> Result<Self, IoError> {
+        let err = IoError::at("cannot write metrics", path);
         let file = std::fs::File::create(path).map_err(err)?;
         let mut log = MetricsLog {
             path: path.to_path_buf(),
@@ -132,14 +119,10 @@ impl MetricsLog {
     }
 
     /// Appends one record and flushes it to the OS.
-    pub fn append(&mut self, v: &Value) -> Result<(), MetricsError> {
+    pub fn append(&mut self, v: &Value) -> Result<(), IoError> {
         writeln!(self.file, "{v}")
             .and_then(|()| self.file.flush())
-            .map_err(|source| MetricsError {
-                what: "cannot write metrics",
-                path: self.path.clone(),
-                source,
-            })
+            .map_err(IoError::at("cannot write metrics", &self.path))
     }
 
     /// The file's path.
@@ -150,12 +133,8 @@ impl MetricsLog {
 
 /// Reads `metrics.jsonl` (one JSON object a line; a torn last line of a killed run is
 /// skipped).
-pub fn read(path: &Path) -> Result<Vec<Value>, MetricsError> {
-    let err = |source| MetricsError {
-        what: "cannot read metrics",
-        path: path.to_path_buf(),
-        source,
-    };
+pub fn read(path: &Path) -> Result<Vec<Value>, IoError> {
+    let err = |source| IoError::new("cannot read metrics", path, source);
     let f = std::fs::File::open(path).map_err(err)?;
     let mut out = Vec::new();
     for line in std::io::BufReader::new(f).lines() {

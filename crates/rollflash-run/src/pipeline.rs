@@ -25,42 +25,42 @@ use crate::progress::Progress;
 use crate::prometheus::{PromServer, SharedGauges};
 use crate::report::RunSummary;
 use crate::stack::{self, Policy, Stack, WarmedUp};
+use rollflash_core::IoError;
 
 /// Why a run failed; the message says at which stage.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
-    #[error("model: {0}")]
+    #[error("model")]
     Model(#[from] rollflash_model::ModelError),
-    #[error("tensor: {0}")]
+    #[error("tensor")]
     Tensor(#[from] candle_core::Error),
-    #[error("environment: {0}")]
+    #[error("environment")]
     Env(#[from] rollflash_env::EnvError),
-    #[error("rollout: {0}")]
+    #[error("rollout")]
     Backend(#[from] rollflash_rollout::BackendError),
-    #[error("proxy: {0}")]
+    #[error("proxy")]
     Proxy(#[from] rollflash_rollout::ProxyError),
     #[error(transparent)]
     Controller(#[from] rollflash_trainer::ControllerError),
-    #[error("learner: {0}")]
+    /// The learner failed mid-run (a trainer server that died or stopped answering within
+    /// its deadlines): the run stopped; `--resume` continues from the newest checkpoint.
+    #[error("the learner failed and the run stopped; {}", resume_hint(.checkpoint.as_deref()))]
+    LearnerFailed {
+        #[source]
+        source: Box<rollflash_trainer::ControllerError>,
+        checkpoint: Option<PathBuf>,
+    },
+    #[error("learner")]
     Learner(#[from] rollflash_trainer::LearnerError),
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    #[error(transparent)]
-    Metrics(#[from] crate::metrics::MetricsError),
-    #[error("tensorboard: {0}")]
-    TensorBoard(#[from] crate::tensorboard::TensorBoardError),
-    #[error("report: {0}")]
+    #[error("report")]
     Report(#[from] crate::report::ReportError),
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("dashboard files: {0}")]
+    #[error(transparent)]
+    Io(#[from] IoError),
+    #[error("dashboard files")]
     Dashboard(#[from] rollflash_dashboard::FileError),
-    #[error("prometheus endpoint {addr}: {source}")]
+    #[error("prometheus endpoint {addr}")]
     Prometheus {
         addr: String,
         #[source]
@@ -125,6 +125,14 @@ pub enum PipelineError {
     /// Something this build cannot do yet, named.
     #[error("not supported yet: {0}")]
     Unsupported(String),
+    /// `reward = "code"` and the sandbox cannot start: the run refuses to start rather than
+    /// run the model's code unsandboxed.
+    #[error("code reward")]
+    Sandbox(#[from] rollflash_sandbox::SandboxError),
+    /// `reward = { python = … }` and the worker pool cannot start (no such interpreter, a
+    /// broken one): the run refuses to start rather than score every sample as failed.
+    #[error("Python reward")]
+    PythonReward(#[from] rollflash_env::verify::python::PythonError),
     /// A phase asked for the rollout stack before it was built (a bug, reported).
     #[error("the rollout stack is not running")]
     NoStack,
@@ -157,8 +165,9 @@ pub struct TrainSummary {
     pub eval_after: Option<EvalResult>,
     pub report: RunReport,
     /// Where the final checkpoint was written (for an interrupted run, the resumable
-    /// checkpoint of where it stopped).
-    pub checkpoint: PathBuf,
+    /// checkpoint of where it stopped); `None` for a completed run with
+    /// `checkpoint.final = false`, which writes none.
+    pub checkpoint: Option<PathBuf>,
     /// The run was stopped early ([`RunOptions::stop`]); there is no evaluation after RL.
     pub interrupted: bool,
     /// The checkpoint this run resumed from.
@@ -222,10 +231,17 @@ async fn run_phases(
     opts: &mut RunOptions,
     guard: &mut RunGuard,
 ) -> Result<TrainSummary, PipelineError> {
-    if opts.resume.is_some() && matches!(plan.trainer(), TrainerPlan::Tinker(_)) {
-        return Err(PipelineError::Unsupported(
-            "--resume of a run whose learner is a Tinker server".into(),
-        ));
+    if let (Some(config), Some(data)) = (plan.sandbox(), plan.data()) {
+        // Before the model, the warm-up or a server check: a run that cannot score its
+        // task says so at once. Every clone of the task's config (each trajectory's
+        // environment) shares the sandbox set here.
+        let sandbox = rollflash_sandbox::Sandbox::new(config.clone()).await?;
+        data.set_sandbox(sandbox);
+    }
+    if let (Some(config), Some(data)) = (plan.python_reward(), plan.data()) {
+        // The same, for the Python reward's workers: a missing interpreter is said at once.
+        let pool = rollflash_env::verify::python::PythonPool::start(config.clone()).await?;
+        data.set_python_pool(pool);
     }
     let (prepared, model) = prepare(plan, opts, guard).await?;
     let timeline = start_rollout(plan, &prepared, &model, guard).await?;
@@ -255,9 +271,65 @@ async fn run_phases(
             rl(plan, opts, guard, prepared, learner, eval_before, timeline).await
         }
         TrainerPlan::Tinker(cfg) => {
-            let learner = rollflash_trainer::TinkerLearner::connect((**cfg).clone()).await?;
+            let learner = tinker_learner(plan, cfg, &prepared, guard).await?;
             rl(plan, opts, guard, prepared, learner, eval_before, timeline).await
         }
+    }
+}
+
+/// The Tinker learner: a fresh model on the server, or, resuming, one that loads the
+/// checkpoint's saved state and whose weights the samplers load before the first rollout.
+async fn tinker_learner(
+    plan: &RunPlan,
+    cfg: &rollflash_trainer::TinkerLearnerConfig,
+    p: &Prepared,
+    guard: &RunGuard,
+) -> Result<rollflash_trainer::TinkerLearner, PipelineError> {
+    let Some(r) = &p.resumed else {
+        return Ok(rollflash_trainer::TinkerLearner::connect(cfg.clone()).await?);
+    };
+    let saved = r.tinker()?;
+    let version = r.state.cursor.version;
+    let running = r
+        .state
+        .reward_running
+        .filter(|_| plan.learner().shaping.uses_running())
+        .map(|m| m.moments());
+    let (learner, update) = rollflash_trainer::TinkerLearner::resume(
+        cfg.clone(),
+        &saved.state_path,
+        r.state.optimizer_step,
+        running,
+        version,
+    )
+    .await?;
+    println!(
+        "tinker: loaded {} into model {} on {} (step {}, version {version})",
+        saved.state_path,
+        learner.model_id(),
+        learner.url(),
+        r.state.cursor.steps_done,
+    );
+    // The samplers start on the base model; the resumed run samples from its own weights.
+    let proxy = guard.stack()?.proxy.handle();
+    if let Err(e) = proxy
+        .sync_weights(&update, rollflash_rollout::PauseMode::Abort)
+        .await
+    {
+        RunLearner::close(learner).await;
+        return Err(e.into());
+    }
+    Ok(learner)
+}
+
+/// What to do after a learner failure, given the newest checkpoint.
+fn resume_hint(checkpoint: Option<&Path>) -> String {
+    match checkpoint {
+        Some(c) => format!(
+            "once the trainer is back, `--resume` continues from {} (its newest checkpoint)",
+            c.display()
+        ),
+        None => "no checkpoint was written before it (set checkpoint.every to write some)".into(),
     }
 }
 
@@ -337,7 +409,7 @@ impl RunGuard {
     /// Stops everything still running.
     async fn close(&mut self) {
         if let Err(e) = self.shutdown_rollout().await {
-            tracing::warn!(error = %e, "rollout shutdown at the end of the run");
+            tracing::warn!(error = %rollflash_core::error_chain(&e), "rollout shutdown at the end of the run");
         }
         if let Some(p) = self.prom.take() {
             p.shutdown().await;
@@ -365,11 +437,10 @@ async fn prepare(
 ) -> Result<(Prepared, TrainableModel), PipelineError> {
     let out = plan.output();
     let device = &plan.placement().device;
-    std::fs::create_dir_all(&out.dir).map_err(|source| PipelineError::Io {
-        what: "cannot create output directory",
-        path: out.dir.clone(),
-        source,
-    })?;
+    std::fs::create_dir_all(&out.dir).map_err(IoError::at(
+        "cannot create output directory",
+        out.dir.clone(),
+    ))?;
     let ckpt_root = checkpoint::root(&out.dir);
     // Bars (the evaluations' and the steps') only where the config wants them.
     crate::progress::set_enabled(out.metrics.progress);
@@ -424,8 +495,12 @@ async fn prepare(
         }
     }
     // LoRA: the warmed-up (or resumed) weights become the frozen base of the adapters.
+    let resumed_adapters = resumed
+        .as_ref()
+        .and_then(|r| r.embedded().ok())
+        .and_then(|e| e.adapters.as_ref());
     if let Some(r) = &resumed {
-        if plan.lora().is_some() && r.adapters.is_none() {
+        if plan.lora().is_some() && resumed_adapters.is_none() {
             return Err(stack::StackError::Lora(format!(
                 "{} holds no adapters (a full fine-tuning run); resume it without [train.lora]",
                 r.dir.display()
@@ -433,12 +508,7 @@ async fn prepare(
             .into());
         }
     }
-    let model = stack::adapt(
-        plan,
-        &policy,
-        model,
-        resumed.as_ref().and_then(|r| r.adapters.as_ref()),
-    )?;
+    let model = stack::adapt(plan, &policy, model, resumed_adapters)?;
     Ok((
         Prepared {
             resumed,
@@ -478,8 +548,17 @@ fn take_resumed(
         });
     }
     check_data(plan, r)?;
-    policy.model_cfg = r.model_cfg.clone();
-    policy.weights = r.weights.clone();
+    match plan.trainer() {
+        TrainerPlan::Embedded => {
+            let e = r.embedded()?;
+            policy.model_cfg = e.model_cfg.clone();
+            policy.weights = e.weights.clone();
+        }
+        // The weights are on the server; the local policy only tokenizes and evaluates.
+        TrainerPlan::Tinker(_) => {
+            r.tinker()?;
+        }
+    }
     println!(
         "resuming from {} (step {}, version {})",
         r.dir.display(),
@@ -574,7 +653,7 @@ impl RunLearner for PolicyLearner {
         state: &checkpoint::CheckpointState,
         metrics: &Path,
     ) -> Result<PathBuf, PipelineError> {
-        Ok(c.save(self, state, metrics)?)
+        Ok(c.save(checkpoint::Payload::Embedded(self), state, metrics)?)
     }
     fn save_final(&self, plan: &RunPlan, p: &Prepared, dir: &Path) -> Result<(), PipelineError> {
         save_final(plan, &p.policy, self.model(), dir, p.base_is_source)
@@ -587,53 +666,55 @@ impl RunLearner for rollflash_trainer::TinkerLearner {
         self.steps_taken()
     }
     fn running(&self) -> Option<rollflash_train::shaping::RunningMoments> {
-        None
+        self.running_moments()
     }
     fn checkpoint(
         &self,
         c: &Checkpointer,
         state: &checkpoint::CheckpointState,
-        _metrics: &Path,
+        metrics: &Path,
     ) -> Result<PathBuf, PipelineError> {
         let name = format!("step-{:08}", state.cursor.steps_done);
-        let path = c.root().join(format!("tinker-{name}.json"));
-        write_tinker_state(self, &name, &path)?;
-        Ok(path)
+        let saved = save_tinker_state(self, &name)?;
+        Ok(c.save(checkpoint::Payload::Tinker(&saved), state, metrics)?)
     }
     fn save_final(&self, _plan: &RunPlan, _p: &Prepared, dir: &Path) -> Result<(), PipelineError> {
-        std::fs::create_dir_all(dir).map_err(|source| PipelineError::Io {
-            what: "cannot create",
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir).map_err(IoError::at("cannot create", dir))?;
         write_tinker_state(self, "final", &dir.join("tinker.json"))
     }
     async fn close(self) {
         let url = self.url().to_string();
         if let Err(e) = rollflash_trainer::TinkerLearner::close(self).await {
-            tracing::warn!(server = %url, error = %e, "could not unload the trained model (the server frees it when the session expires)");
+            tracing::warn!(server = %url, error = %rollflash_core::error_chain(&e), "could not unload the trained model (the server frees it when the session expires)");
         }
     }
 }
 
-/// Saves a Tinker learner's state on its server under `name` and records where in `path`
-/// (the server, the model id, the state's `tinker://` path: what `load_state` takes).
+/// Saves a Tinker learner's state on its server under `name`; returns where (the server,
+/// the model id, the state's `tinker://` path: what `load_state` takes).
+fn save_tinker_state(
+    l: &rollflash_trainer::TinkerLearner,
+    name: &str,
+) -> Result<checkpoint::TinkerSaved, PipelineError> {
+    let state_path = tokio::task::block_in_place(|| l.save_state(name))?;
+    Ok(checkpoint::TinkerSaved {
+        server: l.url().to_string(),
+        model_id: l.model_id().to_string(),
+        state_path,
+        optimizer_steps: l.steps_taken(),
+    })
+}
+
+/// Saves a Tinker learner's state on its server under `name` and records where in `path`.
 fn write_tinker_state(
     l: &rollflash_trainer::TinkerLearner,
     name: &str,
     path: &Path,
 ) -> Result<(), PipelineError> {
-    let state = tokio::task::block_in_place(|| l.save_state(name))?;
-    let json = serde_json::json!({
-        "server": l.url(),
-        "model_id": l.model_id(),
-        "state_path": state,
-        "optimizer_steps": l.steps_taken(),
-    });
-    std::fs::write(path, format!("{json:#}\n")).map_err(|source| PipelineError::Io {
-        what: "cannot write",
-        path: path.to_path_buf(),
-        source,
+    let saved = save_tinker_state(l, name)?;
+    let json = serde_json::to_string_pretty(&saved).unwrap_or_default();
+    std::fs::write(path, format!("{json}\n")).map_err(|source| {
+        PipelineError::Io(IoError::new("cannot write", path.to_path_buf(), source))
     })
 }
 
@@ -698,7 +779,16 @@ async fn train<L: RunLearner>(
     }
     let outcome = ctl.run_with_sink(&mut sink).await;
     sink.progress.finish();
-    let (report, learner) = outcome?;
+    let (report, learner) = match outcome {
+        Ok(o) => o,
+        Err(source @ rollflash_trainer::ControllerError::Learner(_)) => {
+            return Err(PipelineError::LearnerFailed {
+                source: Box::new(source),
+                checkpoint: checkpoint::latest(&p.ckpt_root).ok(),
+            })
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(Trained {
         report,
         learner,
@@ -706,9 +796,9 @@ async fn train<L: RunLearner>(
     })
 }
 
-/// The end of a run: the evaluation after RL in TensorBoard, the final weights (or, for a run
-/// that stopped early, the resumable checkpoint of where it stopped), `summary.json`, the
-/// report, and the run's end as its result.
+/// The end of a run: the evaluation after RL in TensorBoard, the final weights (unless
+/// `checkpoint.final = false`; for a run that stopped early, the resumable checkpoint of where
+/// it stopped, always), `summary.json`, the report, and the run's end as its result.
 async fn finish<L: RunLearner>(
     plan: &RunPlan,
     p: Prepared,
@@ -730,7 +820,8 @@ async fn finish<L: RunLearner>(
             &crate::tensorboard::eval_scalars(e),
         )?;
     }
-    let final_dir = if report.end != RunEnd::Completed {
+    let saved = if report.end != RunEnd::Completed {
+        // Always, whatever `checkpoint.final` says: it is what `--resume` continues from.
         let c = match sink.checkpointer.take() {
             Some(c) => c,
             None => Checkpointer::new(
@@ -740,7 +831,7 @@ async fn finish<L: RunLearner>(
                 Arc::clone(&p.policy.tokenizer),
             ),
         };
-        match &learner {
+        Some(match &learner {
             Some(l) => {
                 let state = checkpoint::state(
                     report.cursor,
@@ -752,16 +843,35 @@ async fn finish<L: RunLearner>(
                 )
                 .with_data(data_cursor(sink.data.as_ref(), report.cursor))
                 .with_running(l.running());
-                l.checkpoint(&c, &state, sink.log.path())?
+                match l.checkpoint(&c, &state, sink.log.path()) {
+                    Ok(dir) => dir,
+                    // A trainer server that went down cannot save where the run stopped; the
+                    // newest checkpoint written before is where a resume continues.
+                    Err(e) => match checkpoint::latest(&p.ckpt_root) {
+                        Ok(older) => {
+                            eprintln!(
+                                "the checkpoint of step {} could not be written ({}); the \
+                                 newest one is {}",
+                                report.cursor.steps_done,
+                                rollflash_core::error_chain(&e),
+                                older.display()
+                            );
+                            older
+                        }
+                        Err(_) => return Err(e),
+                    },
+                }
             }
             None => p.ckpt_root.clone(),
-        }
-    } else {
+        })
+    } else if out.checkpoint.save_final {
         let final_dir = out.dir.join("final");
         if let Some(l) = &learner {
             l.save_final(plan, &p, &final_dir)?;
         }
-        final_dir
+        Some(final_dir)
+    } else {
+        None
     };
     if let Some(l) = learner {
         l.close().await;
@@ -793,7 +903,7 @@ async fn finish<L: RunLearner>(
             return Err(PipelineError::Stalled {
                 version,
                 waited_s: waited.as_secs_f64(),
-                checkpoint: final_dir,
+                checkpoint: stopped_at(saved, &p),
             })
         }
         RunEnd::NoProgress {
@@ -809,7 +919,7 @@ async fn finish<L: RunLearner>(
                 running,
                 failed,
                 filtered,
-                checkpoint: final_dir,
+                checkpoint: stopped_at(saved, &p),
             })
         }
         RunEnd::Completed | RunEnd::Interrupted => {}
@@ -819,10 +929,16 @@ async fn finish<L: RunLearner>(
         eval_after,
         interrupted: report.interrupted,
         report,
-        checkpoint: final_dir,
+        checkpoint: saved,
         resumed_from: p.resumed.map(|r| r.dir),
         report_path,
     })
+}
+
+/// Where a run that did not complete left its resumable checkpoint: always written (see
+/// [`finish`]), so the fallback, the checkpoint folder, is only a name to report.
+fn stopped_at(saved: Option<PathBuf>, p: &Prepared) -> PathBuf {
+    saved.unwrap_or_else(|| p.ckpt_root.clone())
 }
 
 /// The newest intact checkpoint under `root`. Newer ones that fail their checksums (or do
@@ -905,6 +1021,8 @@ struct RunSink {
     trajectories: crate::dashboard::TrajectorySampler,
     /// Mean and longest response of the batch of the step being published.
     lengths: Option<(f64, usize)>,
+    /// The batch's reward verdict counts and extra metrics (`crate::verdicts`), for its line.
+    verdicts: Vec<(String, f64)>,
 }
 
 impl RunSink {
@@ -982,6 +1100,7 @@ impl RunSink {
                 Arc::clone(&p.policy.tokenizer),
             )?,
             lengths: None,
+            verdicts: Vec::new(),
         })
     }
 }
@@ -1040,6 +1159,9 @@ impl<L: RunLearner> StepSink<L> for RunSink {
             json["response_len_mean"] = serde_json::json!(mean);
             json["response_len_max"] = serde_json::json!(max);
         }
+        for (k, v) in std::mem::take(&mut self.verdicts) {
+            json[k] = serde_json::json!(v);
+        }
         self.log
             .append(&json)
             .map_err(|e| SinkError::new("metrics", e))?;
@@ -1072,9 +1194,11 @@ impl<L: RunLearner> StepSink<L> for RunSink {
                     Err(e) if self.on_checkpoint_error == OnCheckpointError::Continue => {
                         self.checkpoints_skipped += 1;
                         eprintln!(
-                            "checkpoint at step {} not written: {e}; continuing without it \
+                            "checkpoint at step {} not written: {}; continuing without it \
                              (checkpoint.on_error = \"continue\"; {} skipped so far)",
-                            cursor.steps_done, self.checkpoints_skipped
+                            cursor.steps_done,
+                            rollflash_core::error_chain(&e),
+                            self.checkpoints_skipped
                         );
                     }
                     Err(e) => return Err(SinkError::new("checkpoint", e)),
@@ -1090,6 +1214,7 @@ impl<L: RunLearner> StepSink<L> for RunSink {
         batch: &rollflash_core::buffer::Batch<rollflash_core::Trajectory>,
     ) -> Result<(), SinkError> {
         self.lengths = Some(crate::dashboard::response_lengths(batch));
+        self.verdicts = crate::verdicts::batch_verdicts(batch);
         self.trajectories
             .save(step, batch)
             .map_err(|e| SinkError::new("trajectories", e))
@@ -1189,11 +1314,7 @@ fn save_final(
     };
     let io = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| PipelineError::Io {
-            what: "cannot write the adapter to",
-            path,
-            source,
-        }
+        move |source| PipelineError::Io(IoError::new("cannot write the adapter to", path, source))
     };
     let base = std::path::absolute(&base).map_err(io(&base))?;
     let adapter_dir = dir.join("adapter");

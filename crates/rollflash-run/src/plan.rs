@@ -42,7 +42,7 @@ pub enum PlanError {
     )]
     DashboardNeedsKey(SocketAddr),
     /// The device could not be opened.
-    #[error("model.device = \"{device}\": {source}")]
+    #[error("model.device = \"{device}\"")]
     Device {
         device: String,
         #[source]
@@ -139,7 +139,9 @@ impl BackendPlan {
                 kind: ServerKind::Tinker,
                 ..
             } => false,
-            BackendPlan::Remote { weights, .. } => *weights == ServerWeights::Disk,
+            BackendPlan::Remote { weights, .. } => {
+                matches!(weights, ServerWeights::Disk | ServerWeights::Merged)
+            }
             BackendPlan::Engine { .. } => false,
         }
     }
@@ -244,6 +246,8 @@ pub struct CheckpointPlan {
     /// The newest this many are kept.
     pub keep: usize,
     pub on_error: OnCheckpointError,
+    /// A completed run writes `final/` (`checkpoint.final`).
+    pub save_final: bool,
 }
 
 /// What a run reports besides `metrics.jsonl`.
@@ -320,6 +324,12 @@ pub struct RunPlan {
     /// The dataset task's config (with the run's first task seed as its origin), when the
     /// task is one: checkpoints save its data cursor and `--resume` checks it.
     data: Option<DatasetTaskConfig>,
+    /// `[sandbox]`, when the run scores code (a dataset task with `reward = "code"` in this
+    /// process): the pipeline starts it before anything else and refuses to run without it.
+    sandbox: Option<rollflash_sandbox::SandboxConfig>,
+    /// `[reward.python]`, when the dataset task in this process has a Python reward: the
+    /// pipeline starts the worker pool before anything else, like the sandbox.
+    python_reward: Option<rollflash_env::verify::python::PythonPoolConfig>,
 }
 
 /// The dashboard of a run: where it is served (if anywhere), with which key, and how many
@@ -402,9 +412,11 @@ impl RunPlan {
                 ),
             });
         }
+        // A Tinker learner's adapters reach embedded engines through the directory too.
+        let tinker = c.learner.kind == LearnerKind::Tinker;
         let weights_dir = backends
             .iter()
-            .any(BackendPlan::takes_disk_weights)
+            .any(|b| b.takes_disk_weights() || (tinker && matches!(b, BackendPlan::Engine { .. })))
             .then(|| {
                 r.weights_dir
                     .clone()
@@ -469,7 +481,22 @@ impl RunPlan {
             }) => Some(d.clone()),
             _ => None,
         };
+        let sandbox = data
+            .as_ref()
+            .filter(|d| d.reward == rollflash_env::envs::dataset_task::DatasetReward::Code)
+            .map(|_| c.sandbox.clone());
+        let python_reward = data
+            .as_ref()
+            .filter(|d| {
+                matches!(
+                    d.reward,
+                    rollflash_env::envs::dataset_task::DatasetReward::Python(_)
+                )
+            })
+            .map(|_| c.reward.python.clone());
         Ok(RunPlan {
+            sandbox,
+            python_reward,
             placement: placement.clone(),
             model,
             renderer: r.renderer,
@@ -505,6 +532,7 @@ impl RunPlan {
                     every: c.checkpoint.every,
                     keep: c.checkpoint.keep,
                     on_error: c.checkpoint.on_error,
+                    save_final: c.checkpoint.save_final,
                 },
                 metrics: MetricsPlan {
                     progress: c.metrics.progress,
@@ -627,6 +655,16 @@ impl RunPlan {
         self.data.as_ref()
     }
 
+    /// The Python reward pool's settings, when the run's reward is a Python function.
+    pub fn python_reward(&self) -> Option<&rollflash_env::verify::python::PythonPoolConfig> {
+        self.python_reward.as_ref()
+    }
+
+    /// The code sandbox's settings, when the run scores code.
+    pub fn sandbox(&self) -> Option<&rollflash_sandbox::SandboxConfig> {
+        self.sandbox.as_ref()
+    }
+
     /// The embedded engines' request slots in all (each engine's `max_running_requests`).
     pub fn engine_slots(&self) -> usize {
         self.backends
@@ -697,9 +735,18 @@ impl RunPlan {
                 t.base_model.as_deref().unwrap_or("its first model"),
                 t.lora_rank,
                 rollflash_trainer::TinkerLossPath::of(&t.loss)
-                    .map(|p| p.describe())
-                    .unwrap_or("not trainable there"),
+                    .map_or_else(|_| "not trainable there".into(), |p| p.describe()),
             ));
+            out.push(match t.rejoin {
+                Some(d) => format!(
+                    "if the server dies: wait up to {:.0} s for it, then rejoin (a fresh model \
+                     loads the state saved after every step) and redo the step",
+                    d.as_secs_f64()
+                ),
+                None => "if the server dies: stop, naming the newest checkpoint \
+                         (learner.rejoin_secs > 0 rejoins instead)"
+                    .into(),
+            });
         }
         out.push(match (&self.trainer, &self.lora) {
             (TrainerPlan::Tinker(t), _) => format!(
@@ -728,7 +775,15 @@ impl RunPlan {
                     threads,
                     max_running_requests,
                 } => out.push(format!(
-                    "backend {name}: embedded engine, {threads} thread(s), {max_running_requests} running requests"
+                    "backend {name}: embedded engine, {threads} thread(s), {max_running_requests} running requests{}",
+                    match (&self.trainer, &self.weights_dir) {
+                        (TrainerPlan::Tinker(_), Some(d)) => format!(
+                            "; loads each version's LoRA adapter as the Tinker server exports it \
+                             (downloaded to {}, probed against the server)",
+                            d.display()
+                        ),
+                        _ => String::new(),
+                    }
                 )),
                 BackendPlan::Remote {
                     kind,
@@ -751,14 +806,24 @@ impl RunPlan {
                     match (kind, weights, &self.weights_dir) {
                         (ServerKind::Tinker, ..) =>
                             "loads each version by the tinker:// path the learner saved".into(),
-                        (_, ServerWeights::Disk, Some(d)) =>
+                        (_, ServerWeights::Disk, Some(d))
+                            if matches!(self.trainer, TrainerPlan::Tinker(_)) =>
+                            format!(
+                                "loads each version's LoRA adapter as the Tinker server exports \
+                                 it (downloaded to {}, probed against the server)",
+                                d.display()
+                            ),
+                        (k, ServerWeights::Disk, Some(d))
+                            if ServerWeights::Disk.sends_adapter(*k, self.lora.is_some()) =>
+                            format!("loads each version's LoRA adapter only from {}", d.display()),
+                        (_, ServerWeights::Disk | ServerWeights::Merged, Some(d)) =>
                             format!("loads each version from {}", d.display()),
                         _ => "keeps its own weights".into(),
                     },
                     if http.api_key.is_some() { ", API key set" } else { "" },
                     http.timeout.as_secs_f64(),
                     match weights {
-                        ServerWeights::Disk => format!(
+                        ServerWeights::Disk | ServerWeights::Merged => format!(
                             ", a weight update within {:.0} s",
                             weight_sync_timeout.as_secs_f64()
                         ),
@@ -790,6 +855,22 @@ impl RunPlan {
                 " (synchronous baseline)"
             } else {
                 ""
+            }
+        ));
+        let ck = &self.output.checkpoint;
+        out.push(format!(
+            "checkpoints: {}; {}",
+            match ck.every {
+                0 => "none during the run".to_string(),
+                n => format!("every {n} steps, the newest {} kept", ck.keep),
+            },
+            if ck.save_final {
+                format!(
+                    "the trained model to {} at the end",
+                    self.output.dir.join("final").display()
+                )
+            } else {
+                "no final/ at the end (checkpoint.final = false)".to_string()
             }
         ));
         if let Some(c) = self.warmup_cache() {
@@ -828,6 +909,7 @@ fn trainer_plan(c: &TrainConfig, learner: &LearnerConfig) -> Result<TrainerPlan,
                 shaping: learner.shaping,
                 heartbeat: Duration::from_secs(10),
                 force_custom: false,
+                rejoin: (l.rejoin_secs > 0.0).then(|| Duration::from_secs_f64(l.rejoin_secs)),
             })))
         }
     }

@@ -105,7 +105,7 @@ impl PromServer {
                 let _ = stopped.await;
             });
             if let Err(e) = serve.await {
-                tracing::warn!(error = %e, "prometheus endpoint stopped");
+                tracing::warn!(error = %rollflash_core::error_chain(&e), "prometheus endpoint stopped");
             }
         });
         Ok(PromServer {

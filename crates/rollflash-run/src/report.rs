@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::eval::EvalResult;
+use rollflash_core::IoError;
 
 /// `summary.json`: what a finished run adds to its per-step metrics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,15 +44,8 @@ pub struct RunSummary {
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error(transparent)]
-    Metrics(#[from] crate::metrics::MetricsError),
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("summary {path}: {source}")]
+    Io(#[from] IoError),
+    #[error("summary {path}")]
     Summary {
         path: PathBuf,
         #[source]
@@ -68,11 +62,8 @@ pub fn write_summary(output_dir: &Path, s: &RunSummary) -> Result<(), ReportErro
         path: path.clone(),
         source,
     })?;
-    std::fs::write(&path, text).map_err(|source| ReportError::Io {
-        what: "cannot write",
-        path,
-        source,
-    })
+    std::fs::write(&path, text)
+        .map_err(|source| ReportError::Io(IoError::new("cannot write", path, source)))
 }
 
 /// Builds `output_dir/report/` from `metrics.jsonl` and (when present) `summary.json`;
@@ -90,11 +81,7 @@ pub fn write(output_dir: &Path) -> Result<PathBuf, ReportError> {
         Err(_) => None,
     };
     let dir = output_dir.join("report");
-    std::fs::create_dir_all(&dir).map_err(|source| ReportError::Io {
-        what: "cannot create",
-        path: dir.clone(),
-        source,
-    })?;
+    std::fs::create_dir_all(&dir).map_err(IoError::at("cannot create", dir.clone()))?;
     // The timeline is optional: runs before it existed have none, and a damaged file costs
     // only its plot.
     let timeline = rollflash_dashboard::RunDir::new(output_dir)
@@ -103,11 +90,7 @@ pub fn write(output_dir: &Path) -> Result<PathBuf, ReportError> {
     let plots = plot(&dir, &rows, summary.as_ref(), &timeline)?;
     let md = markdown(output_dir, &rows, summary.as_ref(), &plots);
     let path = dir.join("report.md");
-    std::fs::write(&path, md).map_err(|source| ReportError::Io {
-        what: "cannot write",
-        path: path.clone(),
-        source,
-    })?;
+    std::fs::write(&path, md).map_err(IoError::at("cannot write", path.clone()))?;
     Ok(path)
 }
 

@@ -25,23 +25,25 @@ use rollflash_rollout::{
     probe_server, Backend, BackendEntry, DiskWeights, EngineBackend, EngineBackendConfig,
     EnvFactory, EnvManager, EnvManagerConfig, FixedWeights, HttpBackendConfig, LlmProxy,
     OpenAiBackend, OpenAiConfig, PauseMode, ProxyError, Renderer, ServerApi, SglangBackend,
-    TinkerBackend, TinkerBackendConfig, VllmBackend, WeightHook, WeightPublisher, WeightUpdate,
+    TinkerAdapters, TinkerBackend, TinkerBackendConfig, VllmBackend, WeightHook, WeightPublisher,
+    WeightUpdate,
 };
+use rollflash_tinker::TinkerClient;
 use rollflash_trainer::StopFlag;
 use tokio::sync::watch;
 
 use crate::config::{RendererChoice, ServerKind, ServerWeights};
-use crate::plan::{BackendPlan, EnvSource, ModelSource, RunPlan, WarmupPlan};
+use crate::plan::{BackendPlan, EnvSource, ModelSource, RunPlan, TrainerPlan, WarmupPlan};
 use crate::warmup::WarmupError;
 
 /// Why a stack could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum StackError {
-    #[error("model: {0}")]
+    #[error("model")]
     Model(#[from] rollflash_model::ModelError),
-    #[error("rollout: {0}")]
+    #[error("rollout")]
     Backend(#[from] rollflash_rollout::BackendError),
-    #[error("environment: {0}")]
+    #[error("environment")]
     Env(#[from] rollflash_env::EnvError),
     #[error("the tokenizer has no end-of-sequence token")]
     NoEos,
@@ -49,7 +51,7 @@ pub enum StackError {
     #[error("rollout.renderer = \"chat\" needs a model directory with a chat template")]
     NoChatTemplate,
     /// The directory weights are published to cannot be prepared. Boxed: keeps `StackError` (and every error that wraps it) small.
-    #[error("rollout.weights_dir: {0}")]
+    #[error("rollout.weights_dir")]
     Publish(#[source] Box<rollflash_rollout::PublishError>),
     /// A rollout server failed a start-up check (down, or serving another model).
     #[error("rollout server {url} {problem}")]
@@ -61,7 +63,7 @@ pub enum StackError {
         failed: Vec<String>,
     },
     /// Boxed: keeps `StackError` (and every error that wraps it) small.
-    #[error("proxy: {0}")]
+    #[error("proxy")]
     Proxy(#[source] Box<ProxyError>),
     /// LoRA adapters and the config disagree (a LoRA checkpoint resumed without
     /// `[train.lora]`, or the other way round, or other settings).
@@ -411,6 +413,26 @@ impl Stack {
             )),
             None => None,
         };
+        // A Tinker learner's versions reach every backend but the server's own samplers as
+        // the adapter the server exports, fetched once per version for all of them.
+        let tinker_adapters = match (plan.trainer(), plan.weights_dir()) {
+            (TrainerPlan::Tinker(t), Some(dir)) => Some(Arc::new(TinkerAdapters::new(
+                TinkerClient::new(t.client.clone()).map_err(|e| StackError::Server {
+                    url: t.client.base_url.clone(),
+                    problem: format!("cannot make a Tinker client: {e}"),
+                })?,
+                dir.clone(),
+                PUBLISHED_KEPT,
+                policy.model_cfg.vocab_size,
+            ))),
+            _ => None,
+        };
+        let tinker_route = |b: Arc<dyn Backend>| -> Arc<dyn Backend> {
+            match &tinker_adapters {
+                Some(a) => Arc::new(DiskWeights::tinker(b, Arc::clone(a))),
+                None => b,
+            }
+        };
         let mut backends = Vec::with_capacity(plan.backends().len());
         let mut remotes = Vec::new();
         for b in plan.backends() {
@@ -424,7 +446,7 @@ impl Stack {
                     threads,
                     max_running_requests,
                 } => (
-                    Arc::new(EngineBackend::start(
+                    tinker_route(Arc::new(EngineBackend::start(
                         Arc::clone(&snapshot),
                         version,
                         EngineBackendConfig {
@@ -435,7 +457,7 @@ impl Stack {
                                 ..Default::default()
                             },
                         },
-                    )?),
+                    )?)),
                     *max_running_requests,
                     None,
                 ),
@@ -474,7 +496,17 @@ impl Stack {
                     let client = remote_backend(*kind, &http, model.as_deref(), *weights)?;
                     remotes.push(Remote { kind: *kind, http });
                     let backend: Arc<dyn Backend> = match (weights, &publisher) {
-                        (ServerWeights::Disk, Some(p)) => {
+                        (ServerWeights::Disk, _) if tinker_adapters.is_some() => {
+                            tinker_route(client)
+                        }
+                        (w, Some(p)) if w.sends_adapter(*kind, plan.lora().is_some()) => {
+                            Arc::new(DiskWeights::adapter(
+                                client,
+                                Arc::clone(p),
+                                rollflash_rollout::AdapterProbe::default(),
+                            ))
+                        }
+                        (ServerWeights::Disk | ServerWeights::Merged, Some(p)) => {
                             Arc::new(DiskWeights::new(client, Arc::clone(p)))
                         }
                         _ => Arc::new(FixedWeights::new(client, version)),
@@ -539,6 +571,7 @@ impl Stack {
                 version,
                 check_timeout: plan.server_check_timeout(),
                 max_total_tokens: plan.env_manager().max_total_tokens,
+                remote_learner: matches!(plan.trainer(), TrainerPlan::Tinker(_)),
             },
         })
     }
@@ -562,12 +595,14 @@ impl Stack {
             r?;
         }
         // Tinker samplers start on the server's base model (version 0) and load only the
-        // learner's `tinker://` paths: there are no starting weights of ours to give them.
-        if self
-            .fleet
-            .remotes
-            .iter()
-            .all(|r| r.kind == ServerKind::Tinker)
+        // learner's `tinker://` paths; with a Tinker learner other servers start on the base
+        // model too and load only its adapters: there are no starting weights of ours.
+        if self.fleet.remote_learner
+            || self
+                .fleet
+                .remotes
+                .iter()
+                .all(|r| r.kind == ServerKind::Tinker)
         {
             return Ok(());
         }
@@ -619,7 +654,9 @@ fn remote_backend(
             http: http.clone(),
             model: model.map(str::to_string),
             weight_hook: match weights {
-                ServerWeights::Disk => WeightHook::update_weights_from_disk(),
+                ServerWeights::Disk | ServerWeights::Merged => {
+                    WeightHook::update_weights_from_disk()
+                }
                 ServerWeights::None => WeightHook::None,
             },
             use_extension: true,
@@ -673,7 +710,12 @@ fn tinker_backend(
                 check_timeout.as_secs_f64()
             ))
         })?
-        .map_err(|e| refuse(format!("the Tinker sampler could not connect: {e}")))?;
+        .map_err(|e| {
+            refuse(format!(
+                "the Tinker sampler could not connect: {}",
+                rollflash_core::error_chain(&e)
+            ))
+        })?;
     Ok(Arc::new(b))
 }
 
@@ -686,6 +728,9 @@ struct Fleet {
     check_timeout: std::time::Duration,
     /// The longest sequence a trajectory may reach: a server accepting less is refused.
     max_total_tokens: usize,
+    /// The learner is a Tinker server: every server starts on the base model it was given
+    /// and loads only the learner's versions (the server's adapters), none of ours.
+    remote_learner: bool,
 }
 
 struct Remote {
@@ -721,7 +766,12 @@ impl Fleet {
         )
         .await
         .map_err(|_| refuse("did not answer POST /tokenize within the check deadline".into()))?
-        .map_err(|e| refuse(format!("refused POST /tokenize: {e}")))?;
+        .map_err(|e| {
+            refuse(format!(
+                "refused POST /tokenize: {}",
+                rollflash_core::error_chain(&e)
+            ))
+        })?;
         let Some(theirs) = theirs else {
             tracing::warn!(
                 server = %url,
@@ -733,7 +783,12 @@ impl Fleet {
         let ours = policy
             .tokenizer
             .encode(TOKENIZER_PROBE, false)
-            .map_err(|e| refuse(format!("the trainer cannot tokenize the probe text: {e}")))?;
+            .map_err(|e| {
+                refuse(format!(
+                    "the trainer cannot tokenize the probe text: {}",
+                    rollflash_core::error_chain(&e)
+                ))
+            })?;
         if theirs != ours {
             let at = theirs
                 .iter()
@@ -777,7 +832,12 @@ impl Fleet {
                     self.check_timeout.as_secs_f64()
                 ))
             })?
-            .map_err(|e| refuse(format!("is down or refused the start-up checks: {e}")))?;
+            .map_err(|e| {
+                refuse(format!(
+                    "is down or refused the start-up checks: {}",
+                    rollflash_core::error_chain(&e)
+                ))
+            })?;
         let ours = policy.model_cfg.vocab_size;
         match info.vocab_size {
             Some(v) if v != ours => {

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::eval::EvalResult;
+use rollflash_core::IoError;
 
 /// The event files' folder under a run's output directory.
 pub const DIR: &str = "tensorboard";
@@ -32,21 +33,6 @@ const FILE_VERSION: &str = "brain.Event:2";
 
 /// The prefix TensorBoard recognises event files by.
 const FILE_PREFIX: &str = "events.out.tfevents.";
-
-/// An event file could not be written, read or cut back.
-#[derive(Debug, thiserror::Error)]
-#[error("{what} {path}: {source}")]
-pub struct TensorBoardError {
-    pub what: &'static str,
-    pub path: PathBuf,
-    #[source]
-    pub source: std::io::Error,
-}
-
-fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> TensorBoardError {
-    let path = path.to_path_buf();
-    move |source| TensorBoardError { what, path, source }
-}
 
 /// One open event file.
 #[derive(Debug)]
@@ -60,8 +46,8 @@ impl EventWriter {
     /// and this host. The name's second is moved past every event file already there, so
     /// TensorBoard (which reads a folder's files in name order) reads a resumed run's file
     /// after the files it continues, even when both were opened within one second.
-    pub fn create(dir: &Path) -> Result<Self, TensorBoardError> {
-        std::fs::create_dir_all(dir).map_err(io_err("cannot create", dir))?;
+    pub fn create(dir: &Path) -> Result<Self, IoError> {
+        std::fs::create_dir_all(dir).map_err(IoError::at("cannot create", dir))?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -72,7 +58,7 @@ impl EventWriter {
             .write(true)
             .create_new(true)
             .open(&path)
-            .map_err(io_err("cannot create", &path))?;
+            .map_err(IoError::at("cannot create", &path))?;
         let mut w = EventWriter { path, file };
         let mut first = Vec::new();
         put_f64(&mut first, EVENT_WALL_TIME, unix_now());
@@ -89,7 +75,7 @@ impl EventWriter {
         step: u64,
         wall_time: f64,
         values: &[(String, f64)],
-    ) -> Result<(), TensorBoardError> {
+    ) -> Result<(), IoError> {
         if values.is_empty() {
             return Ok(());
         }
@@ -115,7 +101,7 @@ impl EventWriter {
 
     /// One write and one flush per call: a reader never sees half an event unless the
     /// process dies inside the write, and then only the last frame is torn.
-    fn write_frames(&mut self, events: &[Vec<u8>]) -> Result<(), TensorBoardError> {
+    fn write_frames(&mut self, events: &[Vec<u8>]) -> Result<(), IoError> {
         let mut buf = Vec::new();
         for e in events {
             frame(&mut buf, e);
@@ -123,7 +109,7 @@ impl EventWriter {
         self.file
             .write_all(&buf)
             .and_then(|()| self.file.flush())
-            .map_err(io_err("cannot write", &self.path))
+            .map_err(IoError::at("cannot write", &self.path))
     }
 }
 
@@ -181,10 +167,10 @@ pub fn unix_now() -> f64 {
 
 /// Removes every event file in `dir` (a fresh run in a used output directory: its steps
 /// would mix with the earlier run's); returns how many. A missing `dir` has none.
-pub fn remove_all(dir: &Path) -> Result<usize, TensorBoardError> {
+pub fn remove_all(dir: &Path) -> Result<usize, IoError> {
     let files = event_files(dir)?;
     for p in &files {
-        std::fs::remove_file(p).map_err(io_err("cannot remove", p))?;
+        std::fs::remove_file(p).map_err(IoError::at("cannot remove", p))?;
     }
     Ok(files.len())
 }
@@ -194,10 +180,10 @@ pub fn remove_all(dir: &Path) -> Result<usize, TensorBoardError> {
 /// the new file). A torn last frame (a killed run) is cut too. Returns how many summary
 /// events were dropped. Files are cut with `set_len` at a frame boundary, so a crash
 /// during the cut leaves each file either whole or cut.
-pub fn drop_steps_from(dir: &Path, from: u64) -> Result<usize, TensorBoardError> {
+pub fn drop_steps_from(dir: &Path, from: u64) -> Result<usize, IoError> {
     let mut dropped = 0;
     for p in event_files(dir)? {
-        let bytes = std::fs::read(&p).map_err(io_err("cannot read", &p))?;
+        let bytes = std::fs::read(&p).map_err(IoError::at("cannot read", &p))?;
         let mut keep = 0;
         let mut cut = false;
         for f in Frames::new(&bytes) {
@@ -219,24 +205,24 @@ pub fn drop_steps_from(dir: &Path, from: u64) -> Result<usize, TensorBoardError>
             let f = std::fs::OpenOptions::new()
                 .write(true)
                 .open(&p)
-                .map_err(io_err("cannot open", &p))?;
+                .map_err(IoError::at("cannot open", &p))?;
             f.set_len(keep as u64)
-                .map_err(io_err("cannot truncate", &p))?;
+                .map_err(IoError::at("cannot truncate", &p))?;
         }
     }
     Ok(dropped)
 }
 
 /// The event files in `dir`, in name order; none when `dir` does not exist.
-fn event_files(dir: &Path) -> Result<Vec<PathBuf>, TensorBoardError> {
+fn event_files(dir: &Path) -> Result<Vec<PathBuf>, IoError> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io_err("cannot list", dir)(e)),
+        Err(e) => return Err(IoError::at("cannot list", dir)(e)),
     };
     let mut out = Vec::new();
     for entry in rd {
-        let entry = entry.map_err(io_err("cannot list", dir))?;
+        let entry = entry.map_err(IoError::at("cannot list", dir))?;
         if entry
             .file_name()
             .to_str()

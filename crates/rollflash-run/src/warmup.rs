@@ -14,15 +14,15 @@ use crate::plan::WarmupSettings;
 pub enum WarmupError {
     #[error("warm-up: the tokenizer has no end-of-sequence token")]
     NoEos,
-    #[error("warm-up: {0}")]
+    #[error("warm-up")]
     Model(#[from] rollflash_model::ModelError),
-    #[error("warm-up: {0}")]
+    #[error("warm-up")]
     Step(#[from] rollflash_trainer::LearnerError),
-    #[error("warm-up: thread pool: {0}")]
+    #[error("warm-up: thread pool")]
     ThreadPool(#[from] rayon::ThreadPoolBuildError),
-    #[error("warm-up: environment: {0}")]
+    #[error("warm-up: environment")]
     Env(#[from] rollflash_env::EnvError),
-    #[error("warm-up: math task: {0}")]
+    #[error("warm-up: math task")]
     Task(#[from] rollflash_env::math_task::MathTaskError),
     /// A stop was asked for between two steps.
     #[error("interrupted during the warm-up")]

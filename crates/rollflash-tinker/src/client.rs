@@ -15,15 +15,17 @@
 //! A failed future (SkyRL: HTTP 400 `{detail}` from retrieve_future; hosted Tinker: a
 //! `{error, category}` body) is [`TinkerError::FutureFailed`], naming the call.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message;
 use reqwest::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use crate::archive::SamplerPath;
 use crate::datum::{Datum, ForwardOutput, SampleOutput};
 use crate::proto::{self, ProtoError};
 use crate::types::{self, AdamParams, FutureControl, LoraConfig, SamplingParams};
@@ -241,11 +243,87 @@ enum FutureResult {
     Proto(Vec<u8>),
 }
 
-/// A client of one Tinker server. Cheap to clone (the connection pool is shared).
+/// What a client has spent on the protocol so far: HTTP round trips, bytes each way, the
+/// time spent waiting for answers (the server's queue and compute, plus the round trips
+/// themselves), sleeping between retries, and encoding and decoding bodies. Differences of
+/// two snapshots ([`Traffic::since`]) are what one training step cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Traffic {
+    /// HTTP requests answered or failed (submissions, long polls, plain calls).
+    pub requests: u64,
+    /// Request bodies sent, bytes.
+    pub bytes_out: u64,
+    /// Response bodies received, bytes.
+    pub bytes_in: u64,
+    /// From sending a request to holding its whole answer, summed.
+    pub waiting: Duration,
+    /// Sleeping between retries and polls.
+    pub backoff: Duration,
+    /// Encoding requests (JSON, protobuf) and decoding results, on this side.
+    pub codec: Duration,
+}
+
+impl Traffic {
+    /// What was spent between `earlier` and this snapshot.
+    pub fn since(&self, earlier: &Traffic) -> Traffic {
+        Traffic {
+            requests: self.requests.saturating_sub(earlier.requests),
+            bytes_out: self.bytes_out.saturating_sub(earlier.bytes_out),
+            bytes_in: self.bytes_in.saturating_sub(earlier.bytes_in),
+            waiting: self.waiting.saturating_sub(earlier.waiting),
+            backoff: self.backoff.saturating_sub(earlier.backoff),
+            codec: self.codec.saturating_sub(earlier.codec),
+        }
+    }
+}
+
+/// [`Traffic`]'s counters, shared by a client's clones.
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    bytes_out: AtomicU64,
+    bytes_in: AtomicU64,
+    waiting_ns: AtomicU64,
+    backoff_ns: AtomicU64,
+    codec_ns: AtomicU64,
+}
+
+fn add_ns(c: &AtomicU64, d: Duration) {
+    c.fetch_add(
+        u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+}
+
+impl Counters {
+    /// One request of `out` bytes answered with `inn` bytes after `waited`.
+    fn request(&self, out: usize, inn: usize, waited: Duration) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.bytes_out.fetch_add(out as u64, Ordering::Relaxed);
+        self.bytes_in.fetch_add(inn as u64, Ordering::Relaxed);
+        add_ns(&self.waiting_ns, waited);
+    }
+
+    fn snapshot(&self) -> Traffic {
+        let d = |c: &AtomicU64| Duration::from_nanos(c.load(Ordering::Relaxed));
+        Traffic {
+            requests: self.requests.load(Ordering::Relaxed),
+            bytes_out: self.bytes_out.load(Ordering::Relaxed),
+            bytes_in: self.bytes_in.load(Ordering::Relaxed),
+            waiting: d(&self.waiting_ns),
+            backoff: d(&self.backoff_ns),
+            codec: d(&self.codec_ns),
+        }
+    }
+}
+
+/// A client of one Tinker server. Cheap to clone (the connection pool and the [`Traffic`]
+/// counters are shared).
 #[derive(Clone, Debug)]
 pub struct TinkerClient {
     http: reqwest::Client,
     cfg: Arc<ClientConfig>,
+    counters: Arc<Counters>,
 }
 
 impl TinkerClient {
@@ -260,7 +338,27 @@ impl TinkerClient {
                 base_url: cfg.base_url.trim_end_matches('/').to_string(),
                 ..cfg
             }),
+            counters: Arc::default(),
         })
+    }
+
+    /// A clone sharing the connection pool but counting its own [`Traffic`] (a heartbeat
+    /// beside a learner, whose steps' figures it would otherwise blur).
+    pub fn counted_apart(&self) -> TinkerClient {
+        TinkerClient {
+            counters: Arc::default(),
+            ..self.clone()
+        }
+    }
+
+    /// What this client (and its clones) have spent on the protocol so far.
+    pub fn traffic(&self) -> Traffic {
+        self.counters.snapshot()
+    }
+
+    /// Adds `d` to the codec time (for results decoded by callers).
+    fn codec(&self, d: Duration) {
+        add_ns(&self.counters.codec_ns, d);
     }
 
     /// The configuration it was built with.
@@ -282,6 +380,7 @@ impl TinkerClient {
         repeat: Repeat,
     ) -> Result<Reply, TinkerError> {
         let url = self.url(route);
+        let encoding = std::time::Instant::now();
         let (bytes, content_type) = match body {
             Body::None => (None, None),
             Body::Json(v) => {
@@ -293,6 +392,8 @@ impl TinkerClient {
             }
             Body::Proto(b) => (Some(b), Some(proto::CONTENT_TYPE)),
         };
+        self.codec(encoding.elapsed());
+        let sent = bytes.as_ref().map_or(0, Vec::len);
         let mut attempt = 0u32;
         loop {
             let mut req = self
@@ -306,7 +407,12 @@ impl TinkerClient {
                 req = req.header(CONTENT_TYPE, ct).body(b.clone());
             }
             let retry_left = attempt < self.cfg.retry.max_retries;
-            match req.send().await {
+            let asked = std::time::Instant::now();
+            let answer = req.send().await;
+            if answer.is_err() {
+                self.counters.request(sent, 0, asked.elapsed());
+            }
+            match answer {
                 Err(e) => {
                     let may_retry = e.is_connect() || (repeat == Repeat::Safe && e.is_timeout());
                     if may_retry && retry_left {
@@ -327,7 +433,13 @@ impl TinkerClient {
                 }
                 Ok(resp) => {
                     let status = resp.status().as_u16();
-                    let body = resp.bytes().await.map_err(|e| TinkerError::Transport {
+                    let body = resp.bytes().await;
+                    self.counters.request(
+                        sent,
+                        body.as_ref().map_or(0, |b| b.len()),
+                        asked.elapsed(),
+                    );
+                    let body = body.map_err(|e| TinkerError::Transport {
                         call,
                         url: url.clone(),
                         source: e,
@@ -349,7 +461,9 @@ impl TinkerClient {
                     tracing::debug!(call, %url, status, attempt, "retrying");
                 }
             }
-            tokio::time::sleep(self.cfg.retry.backoff(attempt)).await;
+            let pause = self.cfg.retry.backoff(attempt);
+            tokio::time::sleep(pause).await;
+            add_ns(&self.counters.backoff_ns, pause);
             attempt += 1;
         }
     }
@@ -431,7 +545,12 @@ impl TinkerClient {
                 req = req.header("X-API-Key", key);
             }
             let mut backoff = false;
-            match req.send().await {
+            let asked = std::time::Instant::now();
+            let answer = req.send().await;
+            if answer.is_err() {
+                self.counters.request(body.len(), 0, asked.elapsed());
+            }
+            match answer {
                 Err(e) if e.is_timeout() => {
                     // Our poll ended before the server's: ask again.
                 }
@@ -457,7 +576,13 @@ impl TinkerClient {
                 Ok(resp) => {
                     let status = resp.status().as_u16();
                     let proto_body = is_proto(resp.headers().get(CONTENT_TYPE));
-                    let bytes = match resp.bytes().await {
+                    let got = resp.bytes().await;
+                    self.counters.request(
+                        body.len(),
+                        got.as_ref().map_or(0, |b| b.len()),
+                        asked.elapsed(),
+                    );
+                    let bytes = match got {
                         Ok(b) => b,
                         Err(e) if e.is_timeout() => continue,
                         Err(e) => {
@@ -538,6 +663,7 @@ impl TinkerClient {
                     .backoff(failures.saturating_sub(1))
                     .min(deadline.saturating_duration_since(Instant::now()));
                 tokio::time::sleep(pause).await;
+                add_ns(&self.counters.backoff_ns, pause);
             }
         }
     }
@@ -706,6 +832,7 @@ impl TinkerClient {
             d.check(i)
                 .map_err(|reason| TinkerError::InvalidInput { call, reason })?;
         }
+        let encoding = std::time::Instant::now();
         let req = proto::ForwardBackwardRequest {
             model_id: model_id.to_string(),
             seq_id,
@@ -719,16 +846,13 @@ impl TinkerClient {
         } else {
             Repeat::IfNotSent
         };
+        let body = req.encode_to_vec();
+        self.codec(encoding.elapsed());
         let (_, result) = self
-            .submit(
-                call,
-                "forward_backward",
-                Body::Proto(req.encode_to_vec()),
-                repeat,
-                true,
-            )
+            .submit(call, "forward_backward", Body::Proto(body), repeat, true)
             .await?;
         let url = self.url("retrieve_future");
+        let decoding = std::time::Instant::now();
         let out = match result {
             FutureResult::Proto(b) => {
                 let msg = proto::ForwardBackwardOutput::decode(b.as_slice()).map_err(|e| {
@@ -754,6 +878,7 @@ impl TinkerClient {
                 })?)
             }
         };
+        self.codec(decoding.elapsed());
         if out.outputs.len() != data.len() {
             return Err(TinkerError::Decode {
                 call,
@@ -856,6 +981,66 @@ impl TinkerClient {
         self.submit(call, call, Body::Json(&req), Repeat::IfNotSent, false)
             .await
             .map(|_| ())
+    }
+
+    /// The archive of sampler weights (`GET …/training_runs/<model>/checkpoints/<id>/archive`):
+    /// for a LoRA model on SkyRL, a `.tar.gz` of the PEFT adapter
+    /// ([`crate::archive::unpack_adapter`] unpacks it). The SDK names the checkpoint
+    /// `sampler_weights/<name>`, SkyRL 0.4.0's route takes `<name>` alone: the first is tried,
+    /// then the second on 404 or 405. The server answers with a redirect to the bytes (followed) or,
+    /// as the SDK also accepts, with JSON `{url}` of a signed download, fetched without our key.
+    pub async fn sampler_archive(&self, path: &SamplerPath) -> Result<Vec<u8>, TinkerError> {
+        let call = "get_checkpoint_archive_url";
+        let route = |id: &str| format!("training_runs/{}/checkpoints/{id}/archive", path.model_id);
+        let sdk = route(&format!("sampler_weights/{}", path.name));
+        let reply = match self
+            .send(call, reqwest::Method::GET, &sdk, Body::None, Repeat::Safe)
+            .await
+        {
+            // SkyRL routes the SDK's id to its DELETE route (405) or nowhere (404).
+            Err(e) if matches!(e.status(), Some(404 | 405)) => {
+                self.send(
+                    call,
+                    reqwest::Method::GET,
+                    &route(&path.name),
+                    Body::None,
+                    Repeat::Safe,
+                )
+                .await?
+            }
+            other => other?,
+        };
+        #[derive(Deserialize)]
+        struct SignedUrl {
+            url: String,
+        }
+        let Ok(signed) = serde_json::from_slice::<SignedUrl>(&reply.body) else {
+            return Ok(reply.body);
+        };
+        let call = "download checkpoint archive";
+        let failed = |source| TinkerError::Transport {
+            call,
+            url: signed.url.clone(),
+            source,
+        };
+        let resp = self
+            .http
+            .get(&signed.url)
+            .timeout(self.cfg.request_timeout)
+            .send()
+            .await
+            .map_err(failed)?;
+        let status = resp.status().as_u16();
+        let body = resp.bytes().await.map_err(failed)?;
+        if !(200..300).contains(&status) {
+            return Err(TinkerError::Status {
+                call,
+                url: signed.url.clone(),
+                status,
+                body: String::from_utf8_lossy(&body).into_owned(),
+            });
+        }
+        Ok(body.to_vec())
     }
 
     /// Opens a sampling session on saved weights (`model_path`, a `tinker://` path) or on

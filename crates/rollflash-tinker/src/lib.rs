@@ -23,6 +23,7 @@
 //! # let _ = (out, metrics); Ok(()) }
 //! ```
 
+pub mod archive;
 pub mod client;
 pub mod datum;
 pub mod heartbeat;
@@ -30,8 +31,9 @@ pub mod local;
 pub mod proto;
 pub mod types;
 
+pub use archive::{unpack_adapter, ArchiveError, SamplerPath};
 pub use client::{
-    ClientConfig, DecodeError, RetryPolicy, SamplerSource, TinkerClient, TinkerError,
+    ClientConfig, DecodeError, RetryPolicy, SamplerSource, TinkerClient, TinkerError, Traffic,
 };
 pub use datum::{Datum, DatumOutput, ForwardOutput, LossInput, SampleOutput, Sequence, StopReason};
 pub use heartbeat::{Heartbeat, HeartbeatReport};

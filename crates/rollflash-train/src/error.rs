@@ -5,7 +5,7 @@
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     /// A tensor operation failed inside candle (device mismatch, unsupported dtype, ...).
-    #[error("tensor operation failed: {0}")]
+    #[error("tensor operation failed")]
     Tensor(#[from] candle_core::Error),
 
     /// A configuration value is out of range or inconsistent with another one.

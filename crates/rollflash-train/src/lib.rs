@@ -36,8 +36,8 @@ pub use gigpo::{GigpoMode, GigpoStats, Turn};
 pub use kl::KlEstimator;
 pub use layout::SeqLayout;
 pub use loss::{
-    policy_loss, LossConfig, LossMetrics, LossOutput, PgVariant, PolicyLossInputs, RejectionAction,
-    RejectionAgg, RejectionLevel, RejectionMetric, RejectionSampling,
+    policy_loss, LossConfig, LossMetrics, LossOutput, OldPolicy, PgVariant, PolicyLossInputs,
+    RejectionAction, RejectionAgg, RejectionLevel, RejectionMetric, RejectionSampling,
 };
 pub use shaping::{
     compute_shaped_advantages, compute_shaped_advantages_with, NormScope, OverlongConfig,

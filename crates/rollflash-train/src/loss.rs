@@ -5,7 +5,8 @@
 //! gradient), `old_logp` (π_old: the trainer's recomputation at the start of the step, the
 //! *proximal* policy in AReaL's terms) and `behav_logp` (π_behav: what the inference engine
 //! recorded when it sampled the token). `r = exp(logπ_θ − logπ_old)` throughout and
-//! `sg(·)` is stop-gradient.
+//! `sg(·)` is stop-gradient. [`LossConfig::old_policy`] can make π_old the behaviour policy
+//! instead ([`OldPolicy::Behaviour`]).
 //!
 //! The total loss is `agg(w_corr·ℓ_pg) + kl_coef·agg(kl(π_θ, π_ref)) − entropy_coef·agg(H)`,
 //! as in ROLL's `ActorWorker.loss_func` / `ActorPGWorker.loss_func`
@@ -68,6 +69,24 @@ pub enum PgVariant {
     /// [`LossConfig::rejection_sampling`] set, AReaL's newer form replaces the cap (see
     /// [`RejectionSampling`]).
     DecoupledPpo,
+}
+
+/// Which policy PPO's ratio `r = π_θ/π_old` is measured against: what `old_logp` means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OldPolicy {
+    /// The trainer's policy at the start of the step (ROLL recomputes `old_log_probs`;
+    /// AReaL's proximal policy): the ratio measures only this step's own update, and the
+    /// distance to the sampler is left to the decoupled weight or the correction.
+    #[default]
+    Proximal,
+    /// The policy that sampled the tokens (the inference engine's recorded log-probs, given
+    /// as `behav_logp`): the ratio carries staleness and the train–inference mismatch, and
+    /// the clip bounds them. This is slime's `--use-rollout-logprobs`, verl's
+    /// rollout-correction bypass mode, and the definition of Tinker's built-in `ppo` and
+    /// `cispo` losses (their ratio is `exp(target − sampling log-probs)`).
+    #[serde(alias = "behavior")]
+    Behaviour,
 }
 
 /// Granularity of [`RejectionSampling`] (AReaL `RejectionSamplingConfig.level`).
@@ -279,6 +298,8 @@ impl RejectionSampling {
 pub struct LossConfig {
     /// Which policy-gradient loss.
     pub pg_variant: PgVariant,
+    /// What the ratio's π_old is: the proximal policy (default) or the behaviour policy.
+    pub old_policy: OldPolicy,
     /// How per-token losses (all three terms) are reduced to a scalar.
     pub loss_agg: LossAgg,
     /// The constant `L` of `seq_mean_token_sum_norm` (e.g. the maximum response length);
@@ -337,6 +358,7 @@ impl Default for LossConfig {
     fn default() -> Self {
         LossConfig {
             pg_variant: PgVariant::Ppo,
+            old_policy: OldPolicy::Proximal,
             loss_agg: LossAgg::SeqMeanTokenMean,
             agg_norm_len: None,
             clip_low: 0.2,
@@ -491,6 +513,23 @@ impl LossConfig {
                 "decoupled_ppo already weights each token by π_old/π_behav; \
                  a correction weight would apply that ratio twice",
             ));
+        }
+        if c.old_policy == OldPolicy::Behaviour {
+            // Both would weigh by π_old/π_behav = 1: settings that silently do nothing.
+            if c.pg_variant == PgVariant::DecoupledPpo {
+                return Err(TrainError::config(
+                    "old_policy",
+                    "\"behaviour\" makes decoupled_ppo's weight π_old/π_behav 1; \
+                     use pg_variant = \"ppo\" for PPO against the behaviour policy",
+                ));
+            }
+            if c.correction.is_active() {
+                return Err(TrainError::config(
+                    "correction",
+                    "the correction weighs and filters by π_old/π_behav, which is 1 when \
+                     old_policy = \"behaviour\"",
+                ));
+            }
         }
         Ok(())
     }
@@ -1036,7 +1075,11 @@ pub fn policy_loss(inputs: &PolicyLossInputs<'_>, cfg: &LossConfig) -> Result<Lo
         .into_iter()
         .map(|m| if m != 0.0 { 1.0 } else { 0.0 })
         .collect();
-    let old = masked_values(inputs.old_logp, &base_mask)?;
+    let old_logp = match cfg.old_policy {
+        OldPolicy::Proximal => inputs.old_logp,
+        OldPolicy::Behaviour => inputs.behav_logp,
+    };
+    let old = masked_values(old_logp, &base_mask)?;
     let behav = masked_values(inputs.behav_logp, &base_mask)?;
     let correction = train_infer_correction(&cfg.correction, &old, &behav, &base_mask, &layout)?;
     let mask = correction.mask;
@@ -1052,7 +1095,7 @@ pub fn policy_loss(inputs: &PolicyLossInputs<'_>, cfg: &LossConfig) -> Result<Lo
     let batch = Batch {
         lp_val: to_f64_vec(&lp)?,
         lp,
-        old: masked_values(inputs.old_logp, &mask)?,
+        old: masked_values(old_logp, &mask)?,
         behav: masked_values(inputs.behav_logp, &mask)?,
         adv: masked_values(inputs.adv, &mask)?,
         mask,

@@ -23,7 +23,7 @@ use crate::controller::{Learner, StepStats};
 #[derive(Debug, thiserror::Error)]
 pub enum ConformanceError {
     /// The step failed where it should have trained.
-    #[error("step from {from}: {source}")]
+    #[error("step from {from}")]
     Step {
         from: PolicyVersion,
         #[source]

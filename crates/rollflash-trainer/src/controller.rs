@@ -57,13 +57,13 @@ pub trait Learner: Send + 'static {
 /// A training step failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LearnerError {
-    #[error("training step: tensor operation failed: {0}")]
+    #[error("training step: tensor operation failed")]
     Tensor(#[from] candle_core::Error),
-    #[error("training step: model: {0}")]
+    #[error("training step: model")]
     Model(#[from] rollflash_model::ModelError),
-    #[error("training step: loss or advantages: {0}")]
+    #[error("training step: loss or advantages")]
     Train(#[from] rollflash_train::TrainError),
-    #[error("training step: thread pool: {0}")]
+    #[error("training step: thread pool")]
     ThreadPool(#[from] rayon::ThreadPoolBuildError),
     /// The batch's token, mask and log-prob counts disagree.
     #[error(
@@ -75,7 +75,7 @@ pub enum LearnerError {
         logprobs: usize,
     },
     /// Another learner's failure.
-    #[error("training step failed: {0}")]
+    #[error("training step failed")]
     Other(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
@@ -168,7 +168,7 @@ pub enum ControllerError {
     Learner(#[from] LearnerError),
     #[error(transparent)]
     Sink(#[from] SinkError),
-    #[error("invalid controller config: {0}")]
+    #[error("invalid controller config")]
     Config(#[from] BufferConfigError),
     #[error("training task panicked: {0}")]
     Panicked(String),
@@ -616,7 +616,7 @@ impl<L: Learner> AsyncController<L> {
                 (*timings, serving)
             }
             Err(e) => {
-                tracing::warn!(error = %e, "weight sync failed");
+                tracing::warn!(error = %rollflash_core::error_chain(&e), "weight sync failed");
                 (SyncTimings::default(), false)
             }
         }

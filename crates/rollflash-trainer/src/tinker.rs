@@ -13,6 +13,10 @@
 //!   PPO's per-token loss is `−(π_θ/π_behav)·A` in value and gradient — the server's
 //!   `−r·A` with `r = exp(logπ_θ − logπ_behav)` — and SkyRL reduces it per sequence over its
 //!   weights, then over sequences: `seq-mean-token-mean`. One `forward_backward`.
+//! - **built-in `ppo` / `cispo`**, for PPO (no dual clip) and CISPO (no unified mask)
+//!   measured against the behaviour policy (`loss.old_policy = "behaviour"`), which is how
+//!   the server defines them; the clip bounds travel as `loss_fn_config`
+//!   (`clip_low_threshold = 1 − ε_low`, `clip_high_threshold = 1 + ε_high`).
 //! - **custom** for every other loss: a forward pass for the current log-probs `ℓ`, our
 //!   `policy_loss` and its gradient `g = ∂L/∂ℓ` computed here (`rollflash-train`, the same
 //!   function the embedded learner calls), then a `forward_backward` of the linear surrogate
@@ -33,14 +37,14 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor, Var};
 use rollflash_core::buffer::Batch;
-use rollflash_core::Trajectory;
+use rollflash_core::{PolicyVersion, Trajectory};
 use rollflash_model::train::OptimizerConfig;
 use rollflash_rollout::WeightUpdate;
 use rollflash_tinker::{
     AdamParams, ClientConfig, Datum, Heartbeat, LoraConfig, TinkerClient, TinkerError,
 };
 use rollflash_train::advantage::AdvantageEstimator;
-use rollflash_train::loss::{policy_loss, LossConfig, PgVariant, PolicyLossInputs};
+use rollflash_train::loss::{policy_loss, LossConfig, OldPolicy, PgVariant, PolicyLossInputs};
 use rollflash_train::shaping::{RunningMoments, ShapingConfig};
 use rollflash_train::LossAgg;
 
@@ -48,16 +52,35 @@ use crate::controller::{Learner, LearnerError, StepStats};
 use crate::learner::{batch_advantages, PackedBatch};
 
 /// How our loss reaches the server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum TinkerLossPath {
     /// The server's `importance_sampling` equals our loss (see the module doc).
     BuiltinImportanceSampling,
+    /// The server's `ppo` equals our PPO measured against the behaviour policy
+    /// (`old_policy = "behaviour"`), with the ratio clipped to
+    /// `[clip_low_threshold, clip_high_threshold]` = `[1 − clip_low, 1 + clip_high]`.
+    BuiltinPpo {
+        clip_low_threshold: f64,
+        clip_high_threshold: f64,
+    },
+    /// The server's `cispo` equals our CISPO against the behaviour policy, its weight
+    /// clipped to `[1 − cispo_clip_low, 1 + cispo_clip_high]`.
+    BuiltinCispo {
+        clip_low_threshold: f64,
+        clip_high_threshold: f64,
+    },
     /// Our loss's gradient through a linear surrogate (one extra forward pass per step).
     Custom,
 }
 
 impl TinkerLossPath {
     /// The path `loss` takes, or why it cannot be trained on a Tinker server.
+    ///
+    /// A built-in is taken only where it equals our loss in value and gradient: SkyRL and
+    /// Tinker define `ppo` and `cispo` on `ρ = exp(target − sampling log-probs)`, the
+    /// behaviour policy's ratio, and reduce each datum's token losses by their mean, then
+    /// average the datums (`seq-mean-token-mean`); their `ppo` has no dual clip, their
+    /// `cispo` no unified mask, and none of them a correction weight or rejection.
     pub fn of(loss: &LossConfig) -> Result<TinkerLossPath, String> {
         if loss.kl_coef > 0.0 {
             return Err(
@@ -73,28 +96,84 @@ impl TinkerLossPath {
                     .into(),
             );
         }
-        let builtin = loss.pg_variant == PgVariant::DecoupledPpo
-            // No cap, or one that never binds (`inf`: TOML has no null).
-            && loss.behav_imp_weight_cap.is_none_or(f64::is_infinite)
-            && loss.rejection_sampling.is_none()
+        // What every built-in shares: its reduction, and nothing weighing or dropping tokens.
+        let plain = loss.rejection_sampling.is_none()
             && loss.correction == Default::default()
             && loss.loss_agg == LossAgg::SeqMeanTokenMean;
-        Ok(if builtin {
-            TinkerLossPath::BuiltinImportanceSampling
-        } else {
-            TinkerLossPath::Custom
+        let behaviour = loss.old_policy == OldPolicy::Behaviour;
+        Ok(match loss.pg_variant {
+            PgVariant::DecoupledPpo
+                if plain
+                    // No cap, or one that never binds (`inf`: TOML has no null).
+                    && loss.behav_imp_weight_cap.is_none_or(f64::is_infinite) =>
+            {
+                TinkerLossPath::BuiltinImportanceSampling
+            }
+            PgVariant::Ppo if plain && behaviour && loss.dual_clip.is_none() => {
+                TinkerLossPath::BuiltinPpo {
+                    clip_low_threshold: 1.0 - loss.clip_low,
+                    clip_high_threshold: 1.0 + loss.clip_high,
+                }
+            }
+            PgVariant::Cispo if plain && behaviour && !loss.cispo_unified_mask => {
+                TinkerLossPath::BuiltinCispo {
+                    clip_low_threshold: 1.0 - loss.cispo_clip_low,
+                    clip_high_threshold: 1.0 + loss.cispo_clip_high,
+                }
+            }
+            _ => TinkerLossPath::Custom,
         })
     }
 
+    /// The server's loss function this path sends, with its `loss_fn_config`.
+    fn loss_fn(self) -> (&'static str, Vec<(String, f64)>) {
+        let clip = |lo: f64, hi: f64| {
+            vec![
+                ("clip_low_threshold".to_string(), lo),
+                ("clip_high_threshold".to_string(), hi),
+            ]
+        };
+        match self {
+            // The custom path's surrogate is an importance_sampling pass too.
+            TinkerLossPath::BuiltinImportanceSampling | TinkerLossPath::Custom => {
+                ("importance_sampling", Vec::new())
+            }
+            TinkerLossPath::BuiltinPpo {
+                clip_low_threshold,
+                clip_high_threshold,
+            } => ("ppo", clip(clip_low_threshold, clip_high_threshold)),
+            TinkerLossPath::BuiltinCispo {
+                clip_low_threshold,
+                clip_high_threshold,
+            } => ("cispo", clip(clip_low_threshold, clip_high_threshold)),
+        }
+    }
+
     /// For people (`--dry-run`).
-    pub fn describe(self) -> &'static str {
+    pub fn describe(self) -> String {
         match self {
             TinkerLossPath::BuiltinImportanceSampling => {
                 "the server's importance_sampling loss (equal to this decoupled PPO: one pass)"
+                    .into()
             }
+            TinkerLossPath::BuiltinPpo {
+                clip_low_threshold,
+                clip_high_threshold,
+            } => format!(
+                "the server's ppo loss, ratio clipped to [{clip_low_threshold}, \
+                 {clip_high_threshold}] (equal to this PPO against the behaviour policy: one pass)"
+            ),
+            TinkerLossPath::BuiltinCispo {
+                clip_low_threshold,
+                clip_high_threshold,
+            } => format!(
+                "the server's cispo loss, weight clipped to [{clip_low_threshold}, \
+                 {clip_high_threshold}] (equal to this CISPO against the behaviour policy: one pass)"
+            ),
             TinkerLossPath::Custom => {
                 "rollflash's loss through a linear surrogate (a forward pass, then \
                  importance_sampling with our gradient as advantages: two passes)"
+                    .into()
             }
         }
     }
@@ -121,6 +200,11 @@ pub struct TinkerLearnerConfig {
     /// Force the custom path even where the built-in one is equal (to check one against the
     /// other); `false` lets the loss decide ([`TinkerLossPath::of`]).
     pub force_custom: bool,
+    /// How long to wait for a server that lost the model (died, restarted) to come back
+    /// before rejoining it: a fresh model loads the state saved after the last step (saved
+    /// every step when this is set) and the failed step runs again. `None`: the step's
+    /// error stops the run.
+    pub rejoin: Option<Duration>,
 }
 
 /// The learner of a run whose trainer is a Tinker server.
@@ -130,6 +214,8 @@ pub struct TinkerLearner {
     rt: tokio::runtime::Handle,
     client: TinkerClient,
     session: String,
+    /// The model trained (the server's name for it).
+    base_model: String,
     model_id: String,
     /// Counts the model's requests from 1: the server's idempotency key, so a resent
     /// forward_backward or optim_step is not applied twice.
@@ -137,6 +223,11 @@ pub struct TinkerLearner {
     steps: usize,
     running: RunningMoments,
     heartbeat: Option<Heartbeat>,
+    /// With `rejoin`: the state saved after the last step (or at the start), which a fresh
+    /// model loads when the server has lost ours.
+    rejoin_state: Option<String>,
+    /// Times the learner rejoined a server that had lost its model.
+    rejoins: usize,
 }
 
 impl std::fmt::Debug for TinkerLearner {
@@ -157,6 +248,41 @@ impl TinkerLearner {
     /// Opens a session and a LoRA training model on the server. Must be called inside a
     /// tokio runtime (the learner's steps run on blocking threads and call back into it).
     pub async fn connect(cfg: TinkerLearnerConfig) -> Result<TinkerLearner, LearnerError> {
+        Self::open(cfg, None).await
+    }
+
+    /// Continues a run from a training state saved on the server ([`Self::save_state`]):
+    /// opens a session and a fresh LoRA model, loads the state (adapter and Adam moments)
+    /// into it — the model's first request, as `load_state` must be — and saves its weights
+    /// for sampling as `version`. Returns the learner, `steps` optimiser steps in (the
+    /// learning-rate schedule's position), with `running` reward statistics, and the update
+    /// that gives the samplers the resumed weights.
+    pub async fn resume(
+        cfg: TinkerLearnerConfig,
+        state_path: &str,
+        steps: usize,
+        running: Option<RunningMoments>,
+        version: PolicyVersion,
+    ) -> Result<(TinkerLearner, WeightUpdate), LearnerError> {
+        let mut l = Self::open(cfg, Some(state_path)).await?;
+        l.steps = steps;
+        if let Some(r) = running {
+            r.validate()
+                .map_err(|e| LearnerError::other(e.to_string()))?;
+            l.running = r;
+        }
+        let uri = l
+            .client
+            .save_weights_for_sampler(&l.model_id, &sampler_name(version))
+            .await
+            .map_err(remote)?;
+        Ok((l, WeightUpdate::Remote { uri, version }))
+    }
+
+    async fn open(
+        cfg: TinkerLearnerConfig,
+        state: Option<&str>,
+    ) -> Result<TinkerLearner, LearnerError> {
         let path = match TinkerLossPath::of(&cfg.loss).map_err(LearnerError::other)? {
             _ if cfg.force_custom => TinkerLossPath::Custom,
             p => p,
@@ -193,19 +319,124 @@ impl TinkerLearner {
             )
             .await
             .map_err(remote)?;
-        let heartbeat = Heartbeat::spawn(client.clone(), session.clone(), cfg.heartbeat);
-        Ok(TinkerLearner {
+        if let Some(path) = state {
+            client
+                .load_state(&model.model_id, path, true)
+                .await
+                .map_err(remote)?;
+        }
+        let heartbeat = Heartbeat::spawn(client.counted_apart(), session.clone(), cfg.heartbeat);
+        let mut l = TinkerLearner {
             path,
             rt: tokio::runtime::Handle::current(),
             client,
             session,
+            base_model,
             model_id: model.model_id,
             seq: 0,
             steps: 0,
             running: RunningMoments::default(),
             heartbeat: Some(heartbeat),
+            rejoin_state: state.map(str::to_string),
+            rejoins: 0,
             cfg,
-        })
+        };
+        if l.cfg.rejoin.is_some() && l.rejoin_state.is_none() {
+            l.rejoin_state = Some(l.save_rejoin_state("start").await?);
+        }
+        Ok(l)
+    }
+
+    /// Times the learner rejoined a server that had lost its model.
+    pub fn rejoins(&self) -> usize {
+        self.rejoins
+    }
+
+    async fn save_rejoin_state(&self, name: &str) -> Result<String, LearnerError> {
+        self.client
+            .save_state(&self.model_id, name)
+            .await
+            .map_err(remote)
+    }
+
+    /// After a step that failed on the server's side (not a request of ours it refused as
+    /// malformed): waits (up to `cfg.rejoin`) for the server to answer, frees the old
+    /// model's slot where it still has it, and opens a new session and a fresh model that
+    /// loads the state saved after the last step. A restarted SkyRL still lists the old
+    /// model (its database) but has lost it (its engine's memory), so the learner cannot ask
+    /// whether it was lost; it always starts again from the saved state, which is the same
+    /// adapter and moments either way. A server not back in time ends with `cause`.
+    async fn rejoin(&mut self, cause: LearnerError) -> Result<(), LearnerError> {
+        let (Some(limit), Some(state)) = (self.cfg.rejoin, self.rejoin_state.clone()) else {
+            return Err(cause);
+        };
+        if let LearnerError::Other(e) = &cause {
+            if let Some(TinkerError::InvalidInput { .. }) = e.downcast_ref::<TinkerError>() {
+                return Err(cause);
+            }
+        }
+        let url = self.cfg.client.base_url.clone();
+        let deadline = tokio::time::Instant::now() + limit;
+        tracing::warn!(server = %url, error = %rollflash_core::error_chain(&cause), "training step failed; waiting for the server to rejoin it");
+        while self.client.healthz().await.is_err() {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(LearnerError::other(format!(
+                    "the Tinker server {url} did not come back within {:.0} s \
+                     (learner.rejoin_secs) after the step failed: {cause}",
+                    limit.as_secs_f64()
+                )));
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        // Best effort: a server that kept the model would otherwise hold two of its slots.
+        // Bounded apart from the call's own deadline: freeing the slot must not hold up the
+        // rejoin.
+        match tokio::time::timeout(UNLOAD_WAIT, self.client.unload_model(&self.model_id)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(model = %self.model_id, error = %rollflash_core::error_chain(&e), "old model not unloaded")
+            }
+            Err(_) => tracing::debug!(model = %self.model_id, "old model's unload unanswered"),
+        }
+        if let Some(h) = self.heartbeat.take() {
+            h.stop().await;
+        }
+        let session = self
+            .client
+            .create_session(vec!["rollflash".into()])
+            .await
+            .map_err(remote)?;
+        let model = self
+            .client
+            .create_model(
+                &session,
+                0,
+                &self.base_model,
+                LoraConfig::new(self.cfg.lora_rank, Some(self.cfg.seed as i64)),
+            )
+            .await
+            .map_err(remote)?;
+        self.client
+            .load_state(&model.model_id, &state, true)
+            .await
+            .map_err(remote)?;
+        tracing::warn!(
+            server = %url,
+            old = %self.model_id,
+            new = %model.model_id,
+            state = %state,
+            "rejoined the Tinker server: a fresh model loaded the last step's state"
+        );
+        self.heartbeat = Some(Heartbeat::spawn(
+            self.client.counted_apart(),
+            session.clone(),
+            self.cfg.heartbeat,
+        ));
+        self.session = session;
+        self.model_id = model.model_id;
+        self.seq = 0;
+        self.rejoins += 1;
+        Ok(())
     }
 
     /// The loss path the steps take.
@@ -231,6 +462,12 @@ impl TinkerLearner {
     /// Optimiser steps taken.
     pub fn steps_taken(&self) -> usize {
         self.steps
+    }
+
+    /// ROLL's running reward statistics after the last step, when `running` normalisation
+    /// is on (`None` otherwise: there is nothing to carry), as the embedded learner's.
+    pub fn running_moments(&self) -> Option<RunningMoments> {
+        self.cfg.shaping.uses_running().then_some(self.running)
     }
 
     /// Saves the training state (adapter and Adam moments) on the server under `name`;
@@ -267,21 +504,22 @@ impl TinkerLearner {
         self.seq
     }
 
-    /// One `importance_sampling` pass over `data` (both paths use only this built-in):
-    /// `forward_backward` accumulating its gradient, or a forward-only pass.
+    /// One pass of the path's server loss over `data`: `forward_backward` accumulating its
+    /// gradient, or a forward-only pass (for the current log-probs).
     async fn pass(
         &mut self,
         data: &[Datum],
         backward: bool,
     ) -> Result<rollflash_tinker::ForwardOutput, LearnerError> {
         let seq = self.next_seq();
+        let (loss_fn, config) = self.path.loss_fn();
         let call = if backward {
             self.client
-                .forward_backward(&self.model_id, seq, data, "importance_sampling", &[])
+                .forward_backward(&self.model_id, seq, data, loss_fn, &config)
                 .await
         } else {
             self.client
-                .forward(&self.model_id, seq, data, "importance_sampling")
+                .forward(&self.model_id, seq, data, loss_fn)
                 .await
         };
         call.map_err(remote)
@@ -291,6 +529,8 @@ impl TinkerLearner {
         &mut self,
         batch: &Batch<Trajectory>,
     ) -> Result<(WeightUpdate, StepStats), LearnerError> {
+        let started = std::time::Instant::now();
+        let traffic = self.client.traffic();
         let packed = PackedBatch::new(batch)?;
         let advs = batch_advantages(
             &self.cfg.advantage,
@@ -325,7 +565,9 @@ impl TinkerLearner {
         };
         let mut metrics = Vec::new();
         let (loss, behav_kl) = match self.path {
-            TinkerLossPath::BuiltinImportanceSampling => {
+            TinkerLossPath::BuiltinImportanceSampling
+            | TinkerLossPath::BuiltinPpo { .. }
+            | TinkerLossPath::BuiltinCispo { .. } => {
                 let adv: Vec<f32> = advs.advantages.iter().map(|&a| a as f32).collect();
                 let data: Vec<Datum> = kept
                     .iter()
@@ -395,9 +637,14 @@ impl TinkerLearner {
         let version = batch.version.next();
         let uri = self
             .client
-            .save_weights_for_sampler(&self.model_id, &format!("v{:06}", version.0))
+            .save_weights_for_sampler(&self.model_id, &sampler_name(version))
             .await
             .map_err(remote)?;
+        if self.cfg.rejoin.is_some() {
+            // Two names in turn: the previous state stays whole while the next is written.
+            let name = format!("rejoin-{}", version.0 % 2);
+            self.rejoin_state = Some(self.save_rejoin_state(&name).await?);
+        }
         self.steps += 1;
         self.running = advs.running;
         metrics.push(("behav_kl".to_string(), behav_kl));
@@ -410,6 +657,10 @@ impl TinkerLearner {
         }
         metrics.push(("lr".to_string(), lr));
         metrics.extend(advs.metrics(&self.cfg.shaping));
+        metrics.extend(protocol_metrics(
+            started.elapsed(),
+            &self.client.traffic().since(&traffic),
+        ));
         Ok((
             WeightUpdate::Remote { uri, version },
             StepStats {
@@ -421,13 +672,47 @@ impl TinkerLearner {
     }
 }
 
+/// Where a step's time went: `tinker_wait_s` waiting for the server's answers (its queue
+/// and compute, and the round trips), `tinker_codec_s` encoding and decoding on this side,
+/// `tinker_backoff_s` sleeping between retries, `tinker_local_s` the rest of the step here
+/// (advantages, our loss and its gradient); with the requests and megabytes each way.
+fn protocol_metrics(step: Duration, t: &rollflash_tinker::Traffic) -> Vec<(String, f64)> {
+    let local = step.saturating_sub(t.waiting + t.codec + t.backoff);
+    vec![
+        ("tinker_step_s".into(), step.as_secs_f64()),
+        ("tinker_wait_s".into(), t.waiting.as_secs_f64()),
+        ("tinker_codec_s".into(), t.codec.as_secs_f64()),
+        ("tinker_backoff_s".into(), t.backoff.as_secs_f64()),
+        ("tinker_local_s".into(), local.as_secs_f64()),
+        ("tinker_requests".into(), t.requests as f64),
+        ("tinker_mb_out".into(), t.bytes_out as f64 / 1e6),
+        ("tinker_mb_in".into(), t.bytes_in as f64 / 1e6),
+    ]
+}
+
+/// How long a rejoin waits for the old model's unload.
+const UNLOAD_WAIT: Duration = Duration::from_secs(30);
+
+/// The name a version's sampler weights are saved under.
+fn sampler_name(version: PolicyVersion) -> String {
+    format!("v{:06}", version.0)
+}
+
 impl Learner for TinkerLearner {
     fn train(
         &mut self,
         batch: &Batch<Trajectory>,
     ) -> Result<(WeightUpdate, StepStats), LearnerError> {
         let rt = self.rt.clone();
-        rt.block_on(self.step(batch))
+        rt.block_on(async {
+            match self.step(batch).await {
+                Err(e) if self.cfg.rejoin.is_some() => {
+                    self.rejoin(e).await?;
+                    self.step(batch).await
+                }
+                out => out,
+            }
+        })
     }
 }
 

@@ -129,29 +129,17 @@ fn main() -> std::result::Result<(), ErrorReport> {
     result.map_err(ErrorReport)
 }
 
-/// How a failed command is printed: the message, then each cause that adds something. Our
-/// library errors often show their source in their own message (`model: missing model
-/// directory: /nope`), and a cause already said is not repeated under "Caused by".
+/// How a failed command is printed: the message and each of its causes on one line
+/// (`cannot read config run.toml: No such file or directory (os error 2)`). Our errors name
+/// their context and keep the cause as their source, so each cause is said once; the one
+/// chain printer (`rollflash_core::error_chain`) also skips a cause a third-party error already
+/// repeats in its own message.
 struct ErrorReport(anyhow::Error);
 
 impl std::fmt::Debug for ErrorReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut said = self.0.to_string();
-        write!(f, "{said}")?;
-        let mut first = true;
-        for cause in self.0.chain().skip(1) {
-            let text = cause.to_string();
-            if said.contains(&text) {
-                continue;
-            }
-            if first {
-                write!(f, "\n\nCaused by:")?;
-                first = false;
-            }
-            write!(f, "\n    {text}")?;
-            said.push_str(&text);
-        }
-        Ok(())
+        let e: &(dyn std::error::Error + 'static) = self.0.as_ref();
+        write!(f, "{}", rollflash_core::error_chain(e))
     }
 }
 

@@ -7,6 +7,7 @@ use rollflash_sim::{Cell, SimReport, Table};
 
 use super::plan::{Plan, TaskKind};
 use super::CalibrateError;
+use rollflash_core::IoError;
 
 /// What the measured run reported, summed over its steps.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -27,11 +28,7 @@ pub struct Measured {
 
 /// Reads a run's `metrics.jsonl`.
 pub fn read_metrics(path: &Path) -> Result<Measured, CalibrateError> {
-    let text = std::fs::read_to_string(path).map_err(|source| CalibrateError::Io {
-        what: "cannot read",
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(IoError::at("cannot read", path))?;
     let mut m = Measured::default();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {

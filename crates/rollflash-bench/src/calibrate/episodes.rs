@@ -115,7 +115,10 @@ async fn roll_out_async(
             Ok(r) => results.push(r),
             Err(e) => {
                 let _ = proxy.shutdown().await;
-                return Err(CalibrateError::Invalid(format!("rollout task failed: {e}")));
+                return Err(CalibrateError::Invalid(format!(
+                    "rollout task failed: {}",
+                    rollflash_core::error_chain(&e)
+                )));
             }
         }
     }

@@ -53,33 +53,28 @@ pub use plan::{Plan, TaskKind};
 pub enum CalibrateError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("model: {0}")]
+    #[error("model")]
     Model(#[from] rollflash_model::ModelError),
-    #[error("tensor: {0}")]
+    #[error("tensor")]
     Tensor(#[from] candle_core::Error),
-    #[error("environment: {0}")]
+    #[error("environment")]
     Env(#[from] rollflash_env::EnvError),
-    #[error("rollout: {0}")]
+    #[error("rollout")]
     Backend(#[from] rollflash_rollout::BackendError),
-    #[error("proxy: {0}")]
+    #[error("proxy")]
     Proxy(#[from] rollflash_rollout::ProxyError),
     #[error(transparent)]
     Plan(#[from] rollflash_run::plan::PlanError),
-    #[error("renderer: {0}")]
+    #[error("renderer")]
     Renderer(#[from] rollflash_run::stack::StackError),
-    #[error("learner: {0}")]
+    #[error("learner")]
     Learner(#[from] rollflash_trainer::LearnerError),
-    #[error("simulation: {0}")]
+    #[error("simulation")]
     Sim(#[from] rollflash_sim::SimError),
-    #[error("cannot start a runtime for the rollout: {0}")]
+    #[error("cannot start a runtime for the rollout")]
     Runtime(#[source] std::io::Error),
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] rollflash_core::IoError),
     #[error("{path} line {line}: not JSON")]
     MetricsJson {
         path: PathBuf,

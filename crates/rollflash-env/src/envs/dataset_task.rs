@@ -2,8 +2,11 @@
 //!
 //! **Rows.** A prompt is a string field (optionally through a `{field}` template) or a
 //! conversation field (`[{"role", "content"}]`), with an optional per-row system text and id.
-//! **Rewards**: the math verifier on the answer marked by a listed `extract` rule, or the
-//! countdown check (`reward = "countdown"`), plus an optional weighted format reward.
+//! **Rewards**: the math verifier on the answer marked by a listed `extract` rule, the
+//! countdown check (`reward = "countdown"`), or the response's code run against the row's
+//! tests in the sandbox (`reward = "code"`, [`crate::verify::code`]), or the user's Python
+//! function (`reward = { python = { … } }`, [`crate::verify::python`]), plus an optional
+//! weighted format reward.
 //!
 //! **Rows for seeds.** A task seed below [`HELD_OUT_SEED_BASE`] is a training task:
 //! position `p = seed - seed_origin` falls in epoch `p / L` at offset `p % L`, where `L` is
@@ -34,13 +37,16 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::dataset::{
-    prompt_messages, seeded_rng, uniform_below, DatasetConfig, DatasetFormat, PromptMessage,
-    Record, RowRef, DEFAULT_MAX_ROW_BYTES,
+    prompt_messages, row_field, seeded_rng, uniform_below, DatasetConfig, DatasetError,
+    DatasetFormat, FieldPath, PathMiss, PromptMessage, Record, RowRef, DEFAULT_MAX_ROW_BYTES,
 };
 use crate::env::{Env, EnvError, Reset, Step};
 use crate::envs::config_error;
-use crate::verify::math::{extract_answer, reference_answer, Rule};
+use crate::verify::code::{score_code, CodeScoring, CodeTests};
+use crate::verify::math::{reference_answer, Rule};
+use crate::verify::python::{Call, PythonPool, PythonReward, RewardStyle};
 use crate::verify::{CountdownVerifier, FormatVerifier, MathVerifier, Reward, Verifier};
+use rollflash_sandbox::Sandbox;
 
 /// The first held-out task seed; `rollflash train` evaluates on `HELD_OUT_SEED_BASE + i`.
 pub const HELD_OUT_SEED_BASE: u64 = 1 << 40;
@@ -100,21 +106,20 @@ pub enum AnswerRule {
     LastNumber,
 }
 
-impl AnswerRule {
-    fn matches(self, rule: Rule) -> bool {
-        matches!(
-            (self, rule),
-            (AnswerRule::Boxed, Rule::Boxed)
-                | (AnswerRule::AnswerTag, Rule::AnswerTag)
-                | (AnswerRule::Hashes, Rule::Hashes)
-                | (AnswerRule::AnswerIs, Rule::AnswerIs)
-                | (AnswerRule::LastNumber, Rule::LastNumber)
-        )
+impl From<AnswerRule> for Rule {
+    fn from(r: AnswerRule) -> Rule {
+        match r {
+            AnswerRule::Boxed => Rule::Boxed,
+            AnswerRule::AnswerTag => Rule::AnswerTag,
+            AnswerRule::Hashes => Rule::Hashes,
+            AnswerRule::AnswerIs => Rule::AnswerIs,
+            AnswerRule::LastNumber => Rule::LastNumber,
+        }
     }
 }
 
 /// What a response is scored by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DatasetReward {
     /// [`MathVerifier`]: the answer marked by a rule of `extract`, equivalent to the
@@ -126,6 +131,18 @@ pub enum DatasetReward {
     /// `numbers` field) exactly once and equals the target (the `answer` field). `extract`
     /// does not apply.
     Countdown,
+    /// The response's last fenced code block, run in the run's sandbox against the row's
+    /// tests ([`crate::verify::code`]): the `answer` field holds assert-style test code
+    /// (HumanEval/MBPP `test`, with the row's `entry_point` field), or a JSON string
+    /// `{"inputs": [...], "outputs": [...]}` (APPS `input_output`); a row with `inputs` and
+    /// `outputs` list fields uses those instead. `extract` does not apply; `code_scoring`
+    /// says pass/fail or the passed fraction.
+    Code,
+    /// The user's Python function, verl or TRL style ([`crate::verify::python`]), in the
+    /// run's worker pool. The `answer` field is verl's `ground_truth`, as in the file;
+    /// `extract` does not apply. A function that fails a sample scores it 0 with the
+    /// verdict `reward_failed` and the reason in the step's `reward_error`.
+    Python(PythonReward),
 }
 
 fn default_rules() -> Vec<AnswerRule> {
@@ -136,11 +153,11 @@ fn default_rules() -> Vec<AnswerRule> {
         AnswerRule::AnswerIs,
     ]
 }
-fn default_prompt() -> String {
-    "prompt".into()
+fn default_prompt() -> FieldPath {
+    FieldPath::known("prompt")
 }
-fn default_answer() -> String {
-    "answer".into()
+fn default_answer() -> FieldPath {
+    FieldPath::known("answer")
 }
 fn default_max_row_bytes() -> usize {
     DEFAULT_MAX_ROW_BYTES
@@ -149,17 +166,29 @@ fn default_max_row_bytes() -> usize {
 /// The loaded data, shared by clones of a config, with the config it was loaded for (a clone
 /// changed afterwards loads its own). Not part of the config's value: equality and
 /// serialisation ignore it.
+/// It also holds the run's sandbox for `reward = "code"`, set once by whoever starts the run
+/// ([`DatasetTaskConfig::set_sandbox`]) and shared the same way (in one `Arc` with the load,
+/// so the config stays small).
 #[derive(Clone, Default)]
-pub struct DataCache(Arc<Mutex<Option<Loaded>>>);
+pub struct DataCache(Arc<CacheInner>);
+
+#[derive(Default)]
+struct CacheInner {
+    loaded: Mutex<Option<Loaded>>,
+    sandbox: std::sync::OnceLock<Sandbox>,
+    python: std::sync::OnceLock<PythonPool>,
+}
 
 /// A load and the config (without its origin) it was made for.
 type Loaded = (Box<DatasetTaskConfig>, Arc<LoadedData>);
 
 impl std::fmt::Debug for DataCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let loaded = self.0.lock().map(|g| g.is_some()).unwrap_or(false);
+        let loaded = self.0.loaded.lock().map(|g| g.is_some()).unwrap_or(false);
         f.debug_struct("DataCache")
             .field("loaded", &loaded)
+            .field("sandbox", &self.0.sandbox.get().is_some())
+            .field("python", &self.0.python.get().is_some())
             .finish()
     }
 }
@@ -183,46 +212,58 @@ pub struct DatasetTaskConfig {
     /// `[0, 1)`; 0 = none. Exclusive with `heldout`.
     #[serde(default)]
     pub heldout_fraction: f64,
-    /// Field holding the prompt (a string).
+    /// Field holding the prompt (a string). This and every other field name below is a path:
+    /// dots go into JSON objects and Parquet structs (`extra_info.question`).
     #[serde(default = "default_prompt")]
-    pub prompt: String,
+    pub prompt: FieldPath,
     /// Field holding the prompt as a conversation, `[{"role", "content"}]` (roles `system`,
     /// `user`, `assistant`, `tool`; the last one the user's), used instead of `prompt`. It is
     /// rendered through the model's chat template as it is; without one, the contents a blank
     /// line apart. Exclusive with `template`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub messages: Option<String>,
+    pub messages: Option<FieldPath>,
     /// Field holding the reference answer (a string or number; a worked solution ending in
     /// `#### 72` or holding `\boxed{…}` works as is).
     #[serde(default = "default_answer")]
-    pub answer: String,
+    pub answer: FieldPath,
     /// Field holding a per-row system text, put before the prompt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub system: Option<String>,
+    pub system: Option<FieldPath>,
     /// Field holding a row id, reported in the step's info (else `file:line`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    /// The prompt, with `{field}` replaced by the row's field (`{{` and `}}` for literal
-    /// braces; a brace not around a field name, as in `\boxed{}`, is literal). `None`: the
-    /// prompt field as is.
+    pub id: Option<FieldPath>,
+    /// Field holding the row's data source (verl's `data_source`, e.g. `openai/gsm8k`), kept
+    /// per row and reported in the step's info. `None`: the top-level `data_source` field
+    /// when a row has one; set, every row must have it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_source: Option<FieldPath>,
+    /// The prompt, with `{field}` replaced by the row's field, a path as above
+    /// (`{extra_info.question}`; `{{` and `}}` for literal braces; a brace not around a field
+    /// name, as in `\boxed{}`, is literal). `None`: the prompt field as is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
-    /// How an answer may be marked to count: [`MathVerifier`] finds the final answer by the
-    /// first of its rules that matches (boxed, answer tag, `####`, "answer is", last number);
-    /// the answer earns credit only when that rule is listed here.
+    /// How an answer may be marked to count (boxed, answer tag, `####`, "answer is", last
+    /// number): [`MathVerifier`] consults only these rules, in this order, and the first that
+    /// finds an answer wins. A mark of an unlisted kind is just text: under `["boxed",
+    /// "last_number"]`, "the answer is 11." answers 11 by its last number.
     #[serde(default = "default_rules")]
     pub extract: Vec<AnswerRule>,
     /// Weight of the `<think>…</think><answer>…</answer>` format reward added to the
     /// answer's; 0 = none.
     #[serde(default)]
     pub format_weight: f64,
-    /// What scores a response: `math` (the default) or `countdown`.
+    /// What scores a response: `math` (the default), `countdown`, `code`, or
+    /// `{ python = { path, function, style, by_source } }`.
     #[serde(default)]
     pub reward: DatasetReward,
+    /// With `reward = "code"`: `pass_fail` (1 when every test passes; the default) or
+    /// `fraction` (the share of tests passed).
+    #[serde(default)]
+    pub code_scoring: CodeScoring,
     /// With `reward = "countdown"`: the field holding the numbers to use (a list of integers,
     /// or a string of them separated by commas or spaces); `None` = `numbers`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub numbers: Option<String>,
+    pub numbers: Option<FieldPath>,
     /// Seed of the epoch shuffles, the mixture subsets and the held-out fraction.
     #[serde(default)]
     pub shuffle_seed: u64,
@@ -249,16 +290,30 @@ impl DatasetTaskConfig {
             answer: default_answer(),
             system: None,
             id: None,
+            data_source: None,
             template: None,
             extract: default_rules(),
             format_weight: 0.0,
             reward: DatasetReward::Math,
+            code_scoring: CodeScoring::default(),
             numbers: None,
             shuffle_seed: 0,
             seed_origin: 0,
             max_row_bytes: default_max_row_bytes(),
             cache: DataCache::default(),
         }
+    }
+
+    /// Gives `reward = "code"` its sandbox, for this config and every clone of it; a second
+    /// call keeps the first sandbox. Environments built before it cannot score code.
+    pub fn set_sandbox(&self, sandbox: Sandbox) {
+        let _ = self.cache.0.sandbox.set(sandbox);
+    }
+
+    /// Gives `reward = { python = … }` the run's worker pool, for this config and every clone
+    /// of it; a second call keeps the first pool.
+    pub fn set_python_pool(&self, pool: PythonPool) {
+        let _ = self.cache.0.python.set(pool);
     }
 
     /// Checks the values, then loads and checks every row (once; clones share the result).
@@ -299,34 +354,48 @@ impl DatasetTaskConfig {
                 "set either `heldout` files or `heldout_fraction`, not both",
             ));
         }
+        // Field paths are never empty: `FieldPath` parses them so when the config is read.
+        if let Some(t) = &self.template {
+            Template::parse(t).map_err(|(name, e)| {
+                config_error("template", format!("field `{{{name}}}`: {e}"))
+            })?;
+        }
         let fields = [
-            ("prompt", Some(&self.prompt)),
-            ("answer", Some(&self.answer)),
             ("messages", self.messages.as_ref()),
             ("system", self.system.as_ref()),
             ("id", self.id.as_ref()),
+            ("data_source", self.data_source.as_ref()),
         ];
-        for (name, value) in fields {
-            if value.is_some_and(|v| v.is_empty()) {
-                return Err(config_error(name, "must not be empty"));
-            }
-        }
         if self.messages.is_some() && self.template.is_some() {
             return Err(config_error(
                 "template",
                 "a template renders a string prompt; with `messages` the conversation is the prompt (unset one of them)",
             ));
         }
-        for (name, value) in &fields[2..] {
-            if value.is_some_and(|v| *v == self.prompt || *v == self.answer) {
+        // With `messages` set, `prompt` is not read, so a conversation may sit in a field
+        // named `prompt` (as in verl's files) while `prompt` keeps its default.
+        let prompt = self.messages.as_ref().unwrap_or(&self.prompt);
+        for (name, value) in fields {
+            let Some(v) = value else { continue };
+            if *v == self.answer || (v == prompt && name != "messages") {
                 return Err(config_error(name, "must differ from `prompt` and `answer`"));
             }
+        }
+        if self.code_scoring != CodeScoring::default() && self.reward != DatasetReward::Code {
+            return Err(config_error(
+                "code_scoring",
+                "applies to reward = \"code\" only; set it or unset this",
+            ));
         }
         if self.numbers.is_some() && self.reward != DatasetReward::Countdown {
             return Err(config_error(
                 "numbers",
                 "is the countdown reward's field; set reward = \"countdown\" or unset it",
             ));
+        }
+        if let DatasetReward::Python(p) = &self.reward {
+            p.validate()
+                .map_err(|(field, reason)| config_error(&field, reason))?;
         }
         if self.extract.is_empty() {
             return Err(config_error("extract", "needs at least one rule"));
@@ -358,6 +427,7 @@ impl DatasetTaskConfig {
         let mut slot = self
             .cache
             .0
+            .loaded
             .lock()
             .map_err(|_| EnvError::Failed("dataset cache poisoned by a panic".into()))?;
         // The origin only shifts the walk (`DatasetEnv` applies it), so a run that sets it
@@ -391,6 +461,12 @@ pub struct TaskRow {
     pub answer: String,
     /// The row's id field, or `file:line`.
     pub id: String,
+    /// The row's data source ([`DatasetTaskConfig::data_source`]), if it has one.
+    pub data_source: Option<String>,
+    /// The whole row as JSON (structs as objects), with the prompt and answer fields: what a
+    /// reward function is given besides the response (verl's `extra_info` and the rest).
+    /// Shared, because a row is cloned for every trajectory that poses it.
+    pub fields: Arc<Map<String, Value>>,
     /// The file the row is from.
     pub file: PathBuf,
     /// Where in it.
@@ -401,67 +477,93 @@ pub struct TaskRow {
 #[derive(Debug, Clone, PartialEq)]
 enum Piece {
     Text(String),
-    Field(String),
+    Field(FieldPath),
 }
 
-/// Splits a template into text and `{field}` pieces (see [`DatasetTaskConfig::template`]).
-fn parse_template(t: &str) -> Vec<Piece> {
-    let mut pieces = Vec::new();
-    let mut text = String::new();
-    let mut rest = t;
-    while let Some(c) = rest.chars().next() {
-        if rest.starts_with("{{") || rest.starts_with("}}") {
-            text.push(c);
-            rest = &rest[2..];
-            continue;
-        }
-        if c == '{' {
-            let body = &rest[1..];
-            let name_len = body
-                .find(|ch: char| {
-                    !(ch.is_ascii_alphanumeric() || ch == '_' || ch == '-' || ch == '.')
-                })
-                .unwrap_or(body.len());
-            let name = &body[..name_len];
-            let is_name = name.starts_with(|ch: char| ch.is_ascii_alphabetic() || ch == '_');
-            if is_name && body[name_len..].starts_with('}') {
-                if !text.is_empty() {
-                    pieces.push(Piece::Text(std::mem::take(&mut text)));
-                }
-                pieces.push(Piece::Field(name.to_string()));
-                rest = &body[name_len + 1..];
+/// A template split into text and `{field}` pieces once (see [`DatasetTaskConfig::template`]),
+/// rendered for every row.
+#[derive(Debug, Clone, PartialEq)]
+struct Template(Vec<Piece>);
+
+impl Template {
+    /// Parses `t`; `Err` names a `{field}` whose name is not a valid path (`{a..b}`).
+    fn parse(t: &str) -> Result<Template, (String, crate::dataset::FieldPathError)> {
+        let mut pieces = Vec::new();
+        let mut text = String::new();
+        let mut rest = t;
+        while let Some(c) = rest.chars().next() {
+            if rest.starts_with("{{") || rest.starts_with("}}") {
+                text.push(c);
+                rest = &rest[2..];
                 continue;
             }
+            if c == '{' {
+                let body = &rest[1..];
+                let name_len = body
+                    .find(|ch: char| {
+                        !(ch.is_ascii_alphanumeric() || ch == '_' || ch == '-' || ch == '.')
+                    })
+                    .unwrap_or(body.len());
+                let name = &body[..name_len];
+                let is_name = name.starts_with(|ch: char| ch.is_ascii_alphabetic() || ch == '_');
+                if is_name && body[name_len..].starts_with('}') {
+                    if !text.is_empty() {
+                        pieces.push(Piece::Text(std::mem::take(&mut text)));
+                    }
+                    let path = FieldPath::parse(name).map_err(|e| (name.to_string(), e))?;
+                    pieces.push(Piece::Field(path));
+                    rest = &body[name_len + 1..];
+                    continue;
+                }
+            }
+            text.push(c);
+            rest = &rest[c.len_utf8()..];
         }
-        text.push(c);
-        rest = &rest[c.len_utf8()..];
+        if !text.is_empty() {
+            pieces.push(Piece::Text(text));
+        }
+        Ok(Template(pieces))
     }
-    if !text.is_empty() {
-        pieces.push(Piece::Text(text));
+
+    /// The text for a row's `fields`; `Err` names the field and why it cannot be inserted.
+    fn render(&self, fields: &Map<String, Value>) -> Result<String, (FieldPath, TemplateMiss)> {
+        let mut out = String::new();
+        for piece in &self.0 {
+            match piece {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Field(path) => match path.lookup(fields) {
+                    Ok(Value::String(s)) => out.push_str(s),
+                    Ok(v @ (Value::Number(_) | Value::Bool(_))) => out.push_str(&v.to_string()),
+                    Ok(v) => return Err((path.clone(), TemplateMiss::Type(json_type(v)))),
+                    Err(miss) => return Err((path.clone(), TemplateMiss::Path(miss))),
+                },
+            }
+        }
+        Ok(out)
     }
-    pieces
 }
 
-/// Renders `template` with `fields`; `Err(name)` for the first field it lacks. Strings are
-/// inserted as they are, numbers and booleans as JSON writes them; anything else is `Err`
-/// with the field's JSON type in the second position.
+/// Why a template field could not be inserted.
+enum TemplateMiss {
+    /// The row has nothing there.
+    Path(PathMiss),
+    /// The value is not text, a number or a boolean; its JSON type.
+    Type(&'static str),
+}
+
+/// Renders `template` with `fields`; `Err(name)` for the first field it lacks (or a name
+/// that is not a valid path). Strings are inserted as they are, numbers and booleans as
+/// JSON writes them; anything else is `Err` with the field's JSON type in the second
+/// position. Field names are paths into `fields`' objects (`{extra_info.question}`).
 pub fn render_template(
     template: &str,
     fields: &Map<String, Value>,
 ) -> Result<String, (String, Option<&'static str>)> {
-    let mut out = String::new();
-    for piece in parse_template(template) {
-        match piece {
-            Piece::Text(t) => out.push_str(&t),
-            Piece::Field(name) => match fields.get(&name) {
-                Some(Value::String(s)) => out.push_str(s),
-                Some(v @ (Value::Number(_) | Value::Bool(_))) => out.push_str(&v.to_string()),
-                Some(v) => return Err((name, Some(json_type(v)))),
-                None => return Err((name, None)),
-            },
-        }
-    }
-    Ok(out)
+    let t = Template::parse(template).map_err(|(name, _)| (name, None))?;
+    t.render(fields).map_err(|(path, miss)| match miss {
+        TemplateMiss::Path(_) => (path.to_string(), None),
+        TemplateMiss::Type(found) => (path.to_string(), Some(found)),
+    })
 }
 
 fn json_type(v: &Value) -> &'static str {
@@ -517,6 +619,7 @@ fn shuffle(len: usize, words: [u64; 4]) -> Vec<u32> {
 /// Loads one file and prepares its rows, checking each (see [`DataError`]).
 fn load_file(
     cfg: &DatasetTaskConfig,
+    template: Option<&Template>,
     file: &DataFile,
 ) -> Result<(Vec<TaskRow>, FileStamp), DataError> {
     let dcfg = DatasetConfig {
@@ -532,8 +635,8 @@ fn load_file(
     if records.is_empty() {
         return Err(DataError::Empty {
             path: file.path.clone(),
-            prompt: dcfg.prompt_field.clone(),
-            answer: cfg.answer.clone(),
+            prompt: dcfg.prompt_field.to_string(),
+            answer: cfg.answer.to_string(),
         });
     }
     // Blank JSONL lines are skipped by the loader, so line numbers are only exact for files
@@ -552,7 +655,7 @@ fn load_file(
             .as_ref()
             .and_then(|l| l.get(i).copied())
             .map_or_else(|| at(i), RowRef::Line);
-        rows.push(prepare_row(cfg, &file.path, at, r)?);
+        rows.push(prepare_row(cfg, template, &file.path, at, r)?);
     }
     let stamp = FileStamp {
         path: file.path.display().to_string(),
@@ -586,61 +689,98 @@ fn jsonl_row_lines(path: &Path) -> Option<Vec<usize>> {
 
 fn prepare_row(
     cfg: &DatasetTaskConfig,
+    template: Option<&Template>,
     path: &Path,
     at: RowRef,
     r: Record,
 ) -> Result<TaskRow, DataError> {
-    let text_field =
-        |name: &str, fields: &Map<String, Value>| -> Result<Option<String>, DataError> {
-            match fields.get(name) {
-                None => Ok(None),
-                Some(Value::String(s)) => Ok(Some(s.clone())),
-                Some(v @ Value::Number(_)) => Ok(Some(v.to_string())),
-                Some(v) => Err(DataError::FieldType {
-                    path: path.to_path_buf(),
-                    at,
-                    field: name.to_string(),
-                    found: json_type(v),
-                    expected: "a string",
-                }),
+    let bad_path = |field: &FieldPath, miss: PathMiss| {
+        DataError::Load(DatasetError::BadPath {
+            path: path.to_path_buf(),
+            at,
+            field: field.to_string(),
+            miss: Box::new(miss),
+        })
+    };
+    let text_value = |field: &FieldPath, v: &Value| -> Result<String, DataError> {
+        match v {
+            Value::String(s) => Ok(s.clone()),
+            Value::Number(_) => Ok(v.to_string()),
+            v => Err(DataError::FieldType {
+                path: path.to_path_buf(),
+                at,
+                field: field.to_string(),
+                found: json_type(v),
+                expected: "a string",
+            }),
+        }
+    };
+    // An optional field a row may lack (anywhere along its path); a path through a
+    // non-object is still an error, since no row could have it.
+    let optional_text =
+        |field: &FieldPath, fields: &Map<String, Value>| -> Result<Option<String>, DataError> {
+            match field.lookup(fields) {
+                Ok(v) => text_value(field, v).map(Some),
+                Err(PathMiss::MissingKey { .. }) => Ok(None),
+                Err(miss) => Err(bad_path(field, miss)),
             }
         };
     let conversation = match &cfg.messages {
         Some(field) => prompt_messages(&r, field),
         None => None,
     };
+    // The loader took top-level prompt and answer fields out of the row; they go back so
+    // templates, ids and reward functions see the whole row. Nested ones never left it.
     let mut fields = r.extra;
-    if cfg.messages.is_none() {
-        fields.insert(cfg.prompt.clone(), Value::String(r.prompt.clone()));
+    if cfg.messages.is_none() && cfg.prompt.is_top_level() {
+        fields.insert(
+            cfg.prompt.head().to_string(),
+            Value::String(r.prompt.clone()),
+        );
     }
-    fields.insert(cfg.answer.clone(), Value::String(r.answer.clone()));
-    let prompt = match &cfg.template {
+    if cfg.answer.is_top_level() {
+        fields.insert(
+            cfg.answer.head().to_string(),
+            Value::String(r.answer.clone()),
+        );
+    }
+    let prompt = match template {
         None => r.prompt,
-        Some(t) => render_template(t, &fields).map_err(|(field, found)| match found {
-            None => DataError::UnknownField {
+        Some(t) => t.render(&fields).map_err(|(field, miss)| match miss {
+            TemplateMiss::Path(PathMiss::MissingKey { .. }) if field.is_top_level() => {
+                DataError::UnknownField {
+                    path: path.to_path_buf(),
+                    at,
+                    field: field.to_string(),
+                }
+            }
+            TemplateMiss::Path(miss) => bad_path(&field, miss),
+            TemplateMiss::Type(found) => DataError::FieldType {
                 path: path.to_path_buf(),
                 at,
-                field,
-            },
-            Some(found) => DataError::FieldType {
-                path: path.to_path_buf(),
-                at,
-                field,
+                field: field.to_string(),
                 found,
                 expected: "a string, number or boolean",
             },
         })?,
     };
     let system = match &cfg.system {
-        Some(name) => text_field(name, &fields)?,
+        Some(field) => optional_text(field, &fields)?,
         None => None,
     };
     let id = match &cfg.id {
-        Some(name) => text_field(name, &fields)?,
+        Some(field) => optional_text(field, &fields)?,
         None => None,
     }
     .unwrap_or_else(|| format!("{}:{}", path.display(), at));
-    let answer = match cfg.reward {
+    let data_source = match &cfg.data_source {
+        Some(field) => Some(text_value(field, row_field(&fields, field, path, at)?)?),
+        None => match fields.get("data_source") {
+            Some(Value::String(s)) => Some(s.clone()),
+            _ => None,
+        },
+    };
+    let answer = match &cfg.reward {
         DatasetReward::Math => {
             // The weakest check that still catches an answer no response could ever match:
             // the reference's own answer, boxed, must be credited.
@@ -649,13 +789,16 @@ fn prepare_row(
                 return Err(DataError::UnparsableAnswer {
                     path: path.to_path_buf(),
                     at,
-                    field: cfg.answer.clone(),
+                    field: cfg.answer.to_string(),
                     answer: r.answer.chars().take(80).collect(),
                 });
             }
             r.answer
         }
         DatasetReward::Countdown => countdown_reference(cfg, path, at, &r.answer, &fields)?,
+        DatasetReward::Code => code_reference(cfg, path, at, &r.answer, &fields)?,
+        // The function judges its ground truth; there is nothing to check it against here.
+        DatasetReward::Python(_) => r.answer,
     };
     // A conversation's own system message wins over the `system` field.
     let mut messages = conversation.unwrap_or_else(|| {
@@ -684,9 +827,109 @@ fn prepare_row(
         messages,
         answer,
         id,
+        data_source,
+        fields: Arc::new(fields),
         file: path.to_path_buf(),
         at,
     })
+}
+
+/// A code row's reference: its [`CodeTests`] as JSON. `tests` is the answer field: test
+/// code (with an `entry_point` field), or `{"inputs": [...], "outputs": [...]}` as a JSON
+/// string; `inputs` and `outputs` list fields win over both.
+fn code_reference(
+    cfg: &DatasetTaskConfig,
+    path: &Path,
+    at: RowRef,
+    tests: &str,
+    fields: &Map<String, Value>,
+) -> Result<String, DataError> {
+    let bad = |field: &str, reason: String| DataError::BadCodeTests {
+        path: path.to_path_buf(),
+        at,
+        field: field.to_string(),
+        reason,
+    };
+    let texts = |v: &Value, field: &str| -> Result<Vec<String>, DataError> {
+        match v {
+            Value::Array(items) => items
+                .iter()
+                .map(|i| match i {
+                    Value::String(s) => Ok(s.clone()),
+                    other => Err(bad(
+                        field,
+                        format!(
+                            "expected a list of strings, found an item of {}",
+                            json_type(other)
+                        ),
+                    )),
+                })
+                .collect(),
+            other => Err(bad(
+                field,
+                format!("expected a list of strings, found {}", json_type(other)),
+            )),
+        }
+    };
+    let io = |inputs: &Value, outputs: &Value, field: &str| -> Result<CodeTests, DataError> {
+        let (inputs, outputs) = (texts(inputs, field)?, texts(outputs, field)?);
+        if inputs.len() != outputs.len() || inputs.is_empty() {
+            return Err(bad(
+                field,
+                format!(
+                    "{} inputs and {} outputs; need as many of each, at least one",
+                    inputs.len(),
+                    outputs.len()
+                ),
+            ));
+        }
+        Ok(CodeTests::Io {
+            cases: inputs.into_iter().zip(outputs).collect(),
+        })
+    };
+    let parsed: Option<Map<String, Value>> = serde_json::from_str(tests).ok();
+    let found = match (fields.get("inputs"), fields.get("outputs"), parsed) {
+        (Some(i), Some(o), _) => io(i, o, "inputs")?,
+        (_, _, Some(obj)) if obj.contains_key("inputs") && obj.contains_key("outputs") => {
+            io(&obj["inputs"], &obj["outputs"], cfg.answer.as_str())?
+        }
+        _ => {
+            let entry_point = match fields.get("entry_point") {
+                Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
+                Some(v) => {
+                    return Err(bad(
+                        "entry_point",
+                        format!("expected a function name, found {}", json_type(v)),
+                    ))
+                }
+                None => {
+                    return Err(bad(
+                        "entry_point",
+                        format!(
+                        "missing: assert-style tests (the `{}` field) need the function they check",
+                        cfg.answer
+                    ),
+                    ))
+                }
+            };
+            if !tests.contains("def check") {
+                return Err(bad(
+                    cfg.answer.as_str(),
+                    "assert-style tests must define `check(candidate)`".into(),
+                ));
+            }
+            let prompt = match cfg.prompt.lookup(fields) {
+                Ok(Value::String(s)) => s.clone(),
+                _ => String::new(),
+            };
+            CodeTests::Assert {
+                prompt,
+                test: tests.to_string(),
+                entry_point,
+            }
+        }
+    };
+    serde_json::to_string(&found).map_err(|e| bad(cfg.answer.as_str(), e.to_string()))
 }
 
 /// A countdown row's reference, the JSON [`CountdownVerifier`] reads
@@ -706,25 +949,30 @@ fn countdown_reference(
     };
     let target: i64 = target.trim().parse().map_err(|_| {
         bad(
-            &cfg.answer,
+            cfg.answer.as_str(),
             format!("the target {target:?} is not an integer"),
         )
     })?;
-    let field = cfg.numbers.as_deref().unwrap_or("numbers");
-    let numbers: Vec<i64> = match fields.get(field) {
-        None => return Err(bad(field, "missing (the numbers to use)".into())),
-        Some(Value::Array(items)) => items
+    let default = FieldPath::known("numbers");
+    let path_ = cfg.numbers.as_ref().unwrap_or(&default);
+    let field = path_.as_str();
+    let numbers: Vec<i64> = match path_.lookup(fields) {
+        Err(PathMiss::MissingKey { .. }) => {
+            return Err(bad(field, "missing (the numbers to use)".into()))
+        }
+        Err(miss) => return Err(bad(field, miss.to_string())),
+        Ok(Value::Array(items)) => items
             .iter()
             .map(|v| v.as_i64().ok_or(()))
             .collect::<Result<_, _>>()
             .map_err(|_| bad(field, "expected a list of integers".into()))?,
-        Some(Value::String(s)) => s
+        Ok(Value::String(s)) => s
             .split(|c: char| c == ',' || c.is_whitespace())
             .filter(|t| !t.is_empty())
             .map(str::parse)
             .collect::<Result<_, _>>()
             .map_err(|_| bad(field, format!("{s:?} is not a list of integers")))?,
-        Some(v) => {
+        Ok(v) => {
             return Err(bad(
                 field,
                 format!("expected a list of integers, found {}", json_type(v)),
@@ -739,12 +987,22 @@ fn countdown_reference(
 
 impl LoadedData {
     fn load(cfg: &DatasetTaskConfig) -> Result<LoadedData, DataError> {
+        // Parsed once for every row; `check_values` has already refused a bad one.
+        let template = match &cfg.template {
+            Some(t) => Some(Template::parse(t).map_err(|(name, e)| {
+                DataError::Load(DatasetError::Config {
+                    field: "template",
+                    reason: format!("field `{{{name}}}`: {e}"),
+                })
+            })?),
+            None => None,
+        };
         let mut train = Vec::new();
         let mut sources = Vec::new();
         let mut heldout = Vec::new();
         let mut stamps = Vec::new();
         for (si, f) in cfg.files.iter().enumerate() {
-            let (rows, stamp) = load_file(cfg, f)?;
+            let (rows, stamp) = load_file(cfg, template.as_ref(), f)?;
             stamps.push(stamp);
             let n_out = if cfg.heldout_fraction > 0.0 {
                 ((rows.len() as f64 * cfg.heldout_fraction).round() as usize).max(1)
@@ -774,7 +1032,7 @@ impl LoadedData {
             sources.push((start, train.len() - start, f.weight));
         }
         for f in &cfg.heldout {
-            let (rows, stamp) = load_file(cfg, f)?;
+            let (rows, stamp) = load_file(cfg, template.as_ref(), f)?;
             heldout.extend(rows);
             stamps.push(stamp);
         }
@@ -989,9 +1247,17 @@ impl DatasetTaskConfig {
 pub struct DatasetEnv {
     data: Arc<LoadedData>,
     seed_origin: u64,
-    extract: Vec<AnswerRule>,
+    /// The math verifier over the `extract` rules, in their order.
+    verifier: MathVerifier,
     format_weight: f64,
     reward: DatasetReward,
+    code_scoring: CodeScoring,
+    /// The run's sandbox, with `reward = "code"`.
+    sandbox: Option<Sandbox>,
+    /// The run's Python worker pool, with `reward = { python = … }`.
+    python: Option<PythonPool>,
+    /// Whether prompts are conversations (`messages` is set): TRL functions get them so.
+    conversational: bool,
     /// The row posed by the last `reset` and whether it is held out, until answered.
     current: Option<(TaskRow, bool)>,
     started: bool,
@@ -1009,12 +1275,32 @@ impl std::fmt::Debug for DatasetEnv {
 impl DatasetEnv {
     /// The environment for `cfg`, loading its files unless a clone of `cfg` already did.
     pub fn new(cfg: &DatasetTaskConfig) -> Result<DatasetEnv, EnvError> {
+        let sandbox = cfg.cache.0.sandbox.get().cloned();
+        if cfg.reward == DatasetReward::Code && sandbox.is_none() {
+            return Err(config_error(
+                "reward",
+                "\"code\" runs the model's code, which needs the run's sandbox; it was not \
+                 started (`rollflash train` starts it from [sandbox]; env-serve cannot yet)",
+            ));
+        }
+        let python = cfg.cache.0.python.get().cloned();
+        if matches!(cfg.reward, DatasetReward::Python(_)) && python.is_none() {
+            return Err(config_error(
+                "reward",
+                "a Python reward runs in the run's worker pool, which was not started \
+                 (`rollflash train` starts it from [reward.python]; env-serve cannot yet)",
+            ));
+        }
         Ok(DatasetEnv {
+            code_scoring: cfg.code_scoring,
+            sandbox,
+            python,
+            conversational: cfg.messages.is_some(),
             data: cfg.data()?,
             seed_origin: cfg.seed_origin,
-            extract: cfg.extract.clone(),
+            verifier: MathVerifier::with_rules(&extract_rules(&cfg.extract)),
             format_weight: cfg.format_weight,
-            reward: cfg.reward,
+            reward: cfg.reward.clone(),
             current: None,
             started: false,
         })
@@ -1025,27 +1311,174 @@ impl DatasetEnv {
         &self.data
     }
 
-    /// The answer's reward: the math verifier's, when the answer is marked by a listed rule.
+    /// The code reward's step: the verdict's name in `verdict`, and `code/<verdict>` = 1 (a
+    /// number, so it reaches the trajectory's `env_metrics` and can be counted per step).
+    async fn code_step(&self, action: &str, row: &TaskRow, held: bool) -> Result<Step, EnvError> {
+        let (Some(sandbox), Ok(tests)) = (
+            self.sandbox.as_ref(),
+            serde_json::from_str::<CodeTests>(&row.answer),
+        ) else {
+            // `new` refuses a code env without a sandbox, and `prepare_row` wrote the tests.
+            return Err(config_error(
+                "reward",
+                "code rows without their tests or sandbox",
+            ));
+        };
+        let score = score_code(sandbox, &tests, action, self.code_scoring)
+            .await
+            .map_err(|e| EnvError::Internal {
+                what: "code sandbox".into(),
+                source: Box::new(e),
+            })?;
+        let mut info = Map::new();
+        info.insert("id".into(), json!(row.id));
+        info.insert(
+            "split".into(),
+            json!(if held { "heldout" } else { "train" }),
+        );
+        info.insert("verdict".into(), json!(score.verdict.name()));
+        info.insert(format!("code/{}", score.verdict.name()), json!(1.0));
+        info.insert("tests_passed".into(), json!(score.passed));
+        info.insert("tests_total".into(), json!(score.total));
+        info.insert("correct".into(), json!(score.reward));
+        info.insert("detail".into(), json!(score.detail));
+        let mut reward = score.reward;
+        if self.format_weight > 0.0 {
+            let f = FormatVerifier.score(action, &row.answer);
+            reward += self.format_weight * f.value;
+            info.insert("format".into(), json!(f.value));
+        }
+        info.insert("format_free".into(), json!(score.reward));
+        Ok(Step {
+            observation: String::new(),
+            reward,
+            terminated: true,
+            truncated: false,
+            info,
+        })
+    }
+
+    /// The Python reward's step: verdict `ok` or `reward_failed` (in `verdict`, and
+    /// `python/<verdict>` = 1 to be counted per step), the failure's reason in
+    /// `reward_error`, and verl's extra numeric keys as `reward/<key>`.
+    async fn python_step(
+        &self,
+        reward: &PythonReward,
+        action: &str,
+        row: &TaskRow,
+        held: bool,
+    ) -> Result<Step, EnvError> {
+        let Some(pool) = self.python.as_ref() else {
+            // `new` refuses a Python reward without a pool.
+            return Err(config_error(
+                "reward",
+                "a Python reward without its worker pool",
+            ));
+        };
+        let (path, function) = reward.function_for(row.data_source.as_deref());
+        let call = Call {
+            path: path.to_path_buf(),
+            function: function.to_string(),
+            style: reward.style,
+            args: python_args(reward.style, self.conversational, action, row),
+        };
+        let scored = pool.score(call).await;
+        let mut info = Map::new();
+        info.insert("id".into(), json!(row.id));
+        info.insert(
+            "split".into(),
+            json!(if held { "heldout" } else { "train" }),
+        );
+        if let Some(source) = &row.data_source {
+            info.insert("data_source".into(), json!(source));
+        }
+        let value = match scored {
+            Ok(score) => {
+                info.insert("verdict".into(), json!("ok"));
+                info.insert("python/ok".into(), json!(1.0));
+                for (k, v) in score.extra {
+                    info.insert(format!("reward/{k}"), json!(v));
+                }
+                score.value
+            }
+            Err(e) => {
+                info.insert("verdict".into(), json!("reward_failed"));
+                info.insert("python/reward_failed".into(), json!(1.0));
+                info.insert("reward_error".into(), json!(e));
+                0.0
+            }
+        };
+        info.insert("correct".into(), json!(value));
+        info.insert("format_free".into(), json!(value));
+        let mut reward = value;
+        if self.format_weight > 0.0 {
+            let f = FormatVerifier.score(action, &row.answer);
+            reward += self.format_weight * f.value;
+            info.insert("format".into(), json!(f.value));
+        }
+        Ok(Step {
+            observation: String::new(),
+            reward,
+            terminated: true,
+            truncated: false,
+            info,
+        })
+    }
+
+    /// The answer's reward: the math verifier's over the `extract` rules.
     fn answer_reward(&self, response: &str, reference: &str) -> Reward {
         if self.reward == DatasetReward::Countdown {
             // Only a solution counts; the format has its own weight.
             return CountdownVerifier { format_score: 0.0 }.score(response, reference);
         }
-        let last_number = self.extract.contains(&AnswerRule::LastNumber);
-        match extract_answer(response, last_number) {
-            None => Reward::zero("no answer found"),
-            Some(found) if !self.extract.iter().any(|r| r.matches(found.rule)) => {
-                Reward::zero(format!(
-                    "answer marked by {:?}, which `extract` does not list",
-                    found.rule
-                ))
-            }
-            Some(_) => MathVerifier {
-                last_number_fallback: last_number,
-            }
-            .score(response, reference),
+        self.verifier.score(response, reference)
+    }
+}
+
+/// A sample's arguments for a Python function of `style` (see [`Call::args`]).
+///
+/// verl: `extra_info` is the row's `extra_info` field when it is an object (what verl
+/// passes), else the whole row. TRL: the prompt is the conversation when the task reads one
+/// (TRL's conversational format, with the completion as an assistant message) and the text
+/// otherwise; the columns are the row's fields but `prompt` and `completion`, as TRL passes
+/// them.
+fn python_args(style: RewardStyle, conversational: bool, action: &str, row: &TaskRow) -> Value {
+    match style {
+        RewardStyle::Verl => {
+            let extra_info = match row.fields.get("extra_info") {
+                Some(v @ Value::Object(_)) => v.clone(),
+                _ => Value::Object((*row.fields).clone()),
+            };
+            json!({
+                "data_source": row.data_source.as_deref().unwrap_or(""),
+                "solution_str": action,
+                "ground_truth": row.answer,
+                "extra_info": extra_info,
+            })
+        }
+        RewardStyle::Trl => {
+            let (prompt, completion) = if conversational {
+                (
+                    serde_json::to_value(&row.messages).unwrap_or(Value::Null),
+                    json!([{"role": "assistant", "content": action}]),
+                )
+            } else {
+                (json!(row.prompt), json!(action))
+            };
+            let columns: Map<String, Value> = row
+                .fields
+                .iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "prompt" | "completion"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            json!({"prompt": prompt, "completion": completion, "columns": columns})
         }
     }
+}
+
+/// The verifier's rules for an `extract` list, in its order.
+fn extract_rules(extract: &[AnswerRule]) -> Vec<Rule> {
+    extract.iter().map(|&r| Rule::from(r)).collect()
 }
 
 #[async_trait]
@@ -1066,6 +1499,9 @@ impl Env for DatasetEnv {
             "split".into(),
             json!(if held { "heldout" } else { "train" }),
         );
+        if let Some(source) = &row.data_source {
+            info.insert("data_source".into(), json!(source));
+        }
         info.insert(
             crate::env::PROMPT_MESSAGES.into(),
             serde_json::to_value(&row.messages).unwrap_or(Value::Null),
@@ -1076,11 +1512,18 @@ impl Env for DatasetEnv {
         Ok(Reset { observation, info })
     }
 
-    /// Verification is microseconds of work for a short response, so it runs inline.
+    /// Verification is microseconds of work for a short response, so it runs inline; code
+    /// runs in the sandbox's pool, awaited here.
     async fn step(&mut self, action: &str) -> Result<Step, EnvError> {
         let Some((row, held)) = self.current.take() else {
             return Err(crate::env::out_of_order("dataset", self.started));
         };
+        if self.reward == DatasetReward::Code {
+            return self.code_step(action, &row, held).await;
+        }
+        if let DatasetReward::Python(p) = &self.reward {
+            return self.python_step(p, action, &row, held).await;
+        }
         let answer = self.answer_reward(action, &row.answer);
         let mut reward = answer.value;
         let mut info = Map::new();
@@ -1089,6 +1532,9 @@ impl Env for DatasetEnv {
             "split".into(),
             json!(if held { "heldout" } else { "train" }),
         );
+        if let Some(source) = &row.data_source {
+            info.insert("data_source".into(), json!(source));
+        }
         info.insert("answer".into(), json!(row.answer));
         info.insert("correct".into(), json!(answer.value));
         info.insert("detail".into(), json!(answer.detail));
@@ -1101,7 +1547,9 @@ impl Env for DatasetEnv {
         // task apart from the format in what RL improves, as the math task does.
         let lenient = match self.reward {
             DatasetReward::Math => MathVerifier::default().score(action, &row.answer).value,
-            DatasetReward::Countdown => answer.value,
+            DatasetReward::Countdown | DatasetReward::Code | DatasetReward::Python(_) => {
+                answer.value
+            }
         };
         info.insert("format_free".into(), json!(lenient));
         Ok(Step {

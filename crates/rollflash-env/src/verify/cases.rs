@@ -23,13 +23,13 @@ pub struct Case {
 /// Why a case file could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum CasesError {
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: line {line}: {source}")]
+    #[error("{path}: line {line}")]
     Json {
         path: String,
         line: usize,

@@ -1,13 +1,17 @@
 //! Math answer equivalence: extract the final answer from a response, normalise it, and
 //! compare it to the reference by value.
 //!
-//! **Extraction order** ([`extract_answer`]), first rule that finds something wins:
+//! **Extraction** ([`extract_answer_with`]) consults the rules it is given, in the order given,
+//! and the first that finds something wins; a rule not given is not consulted, so a mark of
+//! its kind is just text (under `[Boxed, LastNumber]`, "the answer is 11." answers 11 by its
+//! last number). The default order ([`Rule::ALL`], [`extract_answer`], [`MathVerifier`]'s
+//! default):
 //! 1. the last balanced `\boxed{…}` (or `\fbox{…}`);
 //! 2. the last `<answer>…</answer>`;
 //! 3. the rest of the line after the last `####` (GSM8K, and the built-in math task);
 //! 4. the rest of the sentence after the last "answer is" / "answer:" (case-insensitive);
 //! 5. the last number in the response, as plain text writes it (`1.5e3`, `3√2`, `π/3`, `25%`),
-//!    only when [`MathVerifier::last_number_fallback`] is on and the response ends like a
+//!    not consulted by [`MathVerifier::strict`], and only when the response ends like a
 //!    finished answer: with that number, or with one sentence closed by a full stop
 //!    (`… = 14 pages.`). A response cut off mid-sentence has given no answer, whatever number
 //!    it mentioned last. (The built-in task's unmarked `12+7=19 19+30=49` ends with its number,
@@ -56,8 +60,9 @@ pub const MAX_RESPONSE_BYTES: usize = 256 * 1024;
 /// Answers longer than this (after extraction) are compared as strings only.
 const MAX_ANSWER_CHARS: usize = 1024;
 
-/// Which rule found the answer (see the module docs for the order).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A way of finding the answer in a response (see the module docs for each and the default
+/// order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Rule {
     /// `\boxed{…}` or `\fbox{…}`.
     Boxed,
@@ -69,6 +74,63 @@ pub enum Rule {
     AnswerIs,
     /// The last number.
     LastNumber,
+}
+
+impl Rule {
+    /// Every rule, in the default order.
+    pub const ALL: [Rule; 5] = [
+        Rule::Boxed,
+        Rule::AnswerTag,
+        Rule::Hashes,
+        Rule::AnswerIs,
+        Rule::LastNumber,
+    ];
+
+    /// The explicit marks, in the default order: every rule but the last number.
+    pub const MARKED: [Rule; 4] = [Rule::Boxed, Rule::AnswerTag, Rule::Hashes, Rule::AnswerIs];
+
+    /// The answer text this rule finds in `s`, if any.
+    fn find(self, s: &str) -> Option<&str> {
+        match self {
+            Rule::Boxed => last_boxed(s),
+            Rule::AnswerTag => last_answer_tag(s),
+            Rule::Hashes => after_hashes(s),
+            Rule::AnswerIs => after_answer_is(s),
+            Rule::LastNumber => last_number(s),
+        }
+    }
+}
+
+/// An ordered list of rules, each at most once: what a [`MathVerifier`] consults. A plain
+/// value (`Copy`), so a verifier stays one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// The rules in order; only the first `len` are in the list (the rest is filler).
+    order: [Rule; Rule::ALL.len()],
+    len: usize,
+}
+
+impl Rules {
+    /// `rules` in their order; a repeated rule keeps its first place (a second try of the same
+    /// rule could find nothing new).
+    pub fn new(rules: &[Rule]) -> Rules {
+        let mut out = Rules {
+            order: Rule::ALL,
+            len: 0,
+        };
+        for &r in rules {
+            if !out.as_slice().contains(&r) {
+                out.order[out.len] = r;
+                out.len += 1;
+            }
+        }
+        out
+    }
+
+    /// The rules, in order.
+    pub fn as_slice(&self) -> &[Rule] {
+        &self.order[..self.len]
+    }
 }
 
 /// An answer found in a response.
@@ -266,24 +328,24 @@ fn ends_finished(after: &str) -> bool {
     !body.contains(['.', '!', '?', '\n'])
 }
 
-/// One extraction rule: the answer text it finds, if any.
-type Finder = fn(&str) -> Option<&str>;
-
-/// Finds the final answer in `response` (see the module docs for the rule order).
-/// `last_number_rule` enables rule 5.
+/// Finds the final answer in `response` by the default order (see the module docs):
+/// [`Rule::ALL`] when `last_number_rule`, else [`Rule::MARKED`].
 pub fn extract_answer(response: &str, last_number_rule: bool) -> Option<Extracted<'_>> {
+    let rules: &[Rule] = if last_number_rule {
+        &Rule::ALL
+    } else {
+        &Rule::MARKED
+    };
+    extract_answer_with(response, rules)
+}
+
+/// Finds the final answer in `response` by `rules` alone, in their order: the first rule that
+/// finds something wins, and a rule not in `rules` is never consulted (its mark is just text).
+pub fn extract_answer_with<'a>(response: &'a str, rules: &[Rule]) -> Option<Extracted<'a>> {
     let s = tail(response);
-    let rules: [(Rule, Finder); 5] = [
-        (Rule::Boxed, last_boxed),
-        (Rule::AnswerTag, last_answer_tag),
-        (Rule::Hashes, after_hashes),
-        (Rule::AnswerIs, after_answer_is),
-        (Rule::LastNumber, last_number),
-    ];
     rules
-        .into_iter()
-        .filter(|(r, _)| last_number_rule || *r != Rule::LastNumber)
-        .find_map(|(rule, f)| f(s).map(|text| Extracted { text, rule }))
+        .iter()
+        .find_map(|&rule| rule.find(s).map(|text| Extracted { text, rule }))
 }
 
 /// Replaces every occurrence of each `(from, to)` pair, in order.
@@ -1220,29 +1282,41 @@ fn shapes_equivalent(a: Shape<'_>, r: Shape<'_>) -> bool {
 ///
 /// The reference may be a bare answer or a worked solution: when it contains `\boxed{…}` or
 /// `####`, that part is the reference answer (so MATH and GSM8K solutions work as-is).
+///
+/// The answer is found by the verifier's [`Rules`], in their order ([`extract_answer_with`]).
+/// The default consults every rule ([`Rule::ALL`]): the last number counts when no explicit
+/// mark is present and the response ends like a finished answer, convenient for base models
+/// that do not box their answers. [`MathVerifier::strict`] leaves the last number out, for RL
+/// on a model that was taught a format, where a stray number should not earn reward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MathVerifier {
-    /// Accept the last number of the response when no explicit answer marker is present and
-    /// the response ends like a finished answer (see the module docs). Convenient for base
-    /// models that do not box their answers; off for RL on a model that was taught a format,
-    /// where a stray number should not earn reward.
-    pub last_number_fallback: bool,
+    rules: Rules,
 }
 
 impl Default for MathVerifier {
     fn default() -> Self {
-        MathVerifier {
-            last_number_fallback: true,
-        }
+        MathVerifier::with_rules(&Rule::ALL)
     }
 }
 
 impl MathVerifier {
-    /// Only explicit answers count: `\boxed{}`, `<answer>`, `####`, "the answer is".
+    /// Only explicit answers count: `\boxed{}`, `<answer>`, `####`, "the answer is"
+    /// ([`Rule::MARKED`]).
     pub fn strict() -> MathVerifier {
+        MathVerifier::with_rules(&Rule::MARKED)
+    }
+
+    /// Only `rules` find the answer, in their order (a repeated rule keeps its first place; no
+    /// rules find nothing, so every response scores 0).
+    pub fn with_rules(rules: &[Rule]) -> MathVerifier {
         MathVerifier {
-            last_number_fallback: false,
+            rules: Rules::new(rules),
         }
+    }
+
+    /// The rules this verifier consults, in order.
+    pub fn rules(&self) -> &[Rule] {
+        self.rules.as_slice()
     }
 }
 
@@ -1265,7 +1339,7 @@ fn clip(s: &str, n: usize) -> String {
 
 impl Verifier for MathVerifier {
     fn score(&self, response: &str, reference: &str) -> Reward {
-        let Some(found) = extract_answer(response, self.last_number_fallback) else {
+        let Some(found) = extract_answer_with(response, self.rules()) else {
             return Reward::zero("no answer found");
         };
         let reference = reference_answer(reference);

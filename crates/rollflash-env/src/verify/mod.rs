@@ -10,17 +10,23 @@
 //! - [`CountdownVerifier`]: the countdown game (TinyZero): reach the target using each given
 //!   number exactly once.
 //! - [`WeightedSum`]: combines verifiers, e.g. `answer + 0.1·format`.
+//! - [`code`]: the exception — runs the response's program against tests in the sandbox
+//!   (async; not a [`Verifier`]).
+//! - [`python`]: the user's own Python functions (verl's `compute_score`, TRL's
+//!   `reward_funcs`), in a pool of worker processes (async; not a [`Verifier`]).
 //!
 //! Every verifier is total: any input (huge, deeply nested, not even text a model would write)
 //! yields a reward, never a panic, and in time bounded by the input caps in [`expr`] and
 //! [`math::MAX_RESPONSE_BYTES`].
 
 pub mod cases;
+pub mod code;
 pub mod countdown;
 pub mod expr;
 pub mod format;
 pub mod math;
 pub mod pool;
+pub mod python;
 
 use std::sync::Arc;
 

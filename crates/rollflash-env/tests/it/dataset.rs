@@ -86,8 +86,8 @@ fn jsonl_custom_field_names_and_explicit_format() {
         "{\"question\": \"q\", \"solution\": \"s\", \"prompt\": \"kept\"}\n",
     );
     let c = DatasetConfig {
-        prompt_field: "question".into(),
-        answer_field: "solution".into(),
+        prompt_field: "question".parse().unwrap(),
+        answer_field: "solution".parse().unwrap(),
         format: Some(DatasetFormat::Jsonl),
         ..cfg(&path)
     };
@@ -190,7 +190,7 @@ fn config_serde_defaults_and_validation() {
     assert_eq!(c.prompt_field, "q");
     assert!(serde_json::from_str::<DatasetConfig>(r#"{"path": "a", "colour": 1}"#).is_err());
     let same = DatasetConfig {
-        answer_field: "prompt".into(),
+        answer_field: "prompt".parse().unwrap(),
         ..DatasetConfig::new("a.jsonl")
     };
     assert!(load(&same)
@@ -274,8 +274,8 @@ fn parquet_loads_strings_and_numeric_answers() {
         ],
     );
     let c = DatasetConfig {
-        prompt_field: "question".into(),
-        answer_field: "value".into(),
+        prompt_field: "question".parse().unwrap(),
+        answer_field: "value".parse().unwrap(),
         ..cfg(&path)
     };
     let ds = load(&c).unwrap();

@@ -35,8 +35,8 @@ fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> PathBuf {
 
 fn task(files: Vec<DataFile>) -> DatasetTaskConfig {
     let mut c = DatasetTaskConfig::new(files);
-    c.prompt = "question".into();
-    c.id = Some("id".into());
+    c.prompt = "question".parse().unwrap();
+    c.id = Some("id".parse().unwrap());
     c
 }
 
@@ -48,7 +48,7 @@ async fn id_of(env: &mut DatasetEnv, seed: u64) -> String {
 
 /// The config's error message, checking it names each of `parts`.
 fn config_err(c: &DatasetTaskConfig, parts: &[&str]) -> String {
-    let msg = c.validate().unwrap_err().to_string();
+    let msg = rollflash_core::error_chain(&c.validate().unwrap_err());
     for p in parts {
         assert!(msg.contains(p), "{msg:?} does not contain {p:?}");
     }
@@ -340,6 +340,38 @@ async fn rewards_right_wrong_unmarked_and_format() {
     assert!(env5.step("x").await.is_err());
 }
 
+/// `extract` is the verifier's rule list: only the listed rules, in the listed order (issue 35:
+/// "the answer is 11." scored 0 under `["boxed", "last_number"]`, its unlisted "answer is" mark
+/// found first and refused, the listed last number never tried).
+#[tokio::test]
+async fn extract_consults_only_its_rules_in_its_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "{}\n",
+        json!({"id": "a", "question": "3+8", "answer": "11"})
+    );
+    let mut c = task(vec![DataFile::new(write(&dir, "t.jsonl", &text))]);
+    c.extract = vec![AnswerRule::Boxed, AnswerRule::LastNumber];
+    let mut env = DatasetEnv::new(&c).unwrap();
+    let s = answer(&mut env, "3 + 8 = 11, so the answer is 11.").await;
+    assert_eq!(s.reward, 1.0, "{:?}", s.info["detail"]);
+    assert_eq!(
+        answer(&mut env, "3 + 8 = 12, so the answer is 12.")
+            .await
+            .reward,
+        0.0
+    );
+
+    // Both listed marks present: the first listed decides.
+    let both = "#### 11\nso \\boxed{12}";
+    c.extract = vec![AnswerRule::Hashes, AnswerRule::Boxed];
+    let mut hashes_first = DatasetEnv::new(&c).unwrap();
+    assert_eq!(answer(&mut hashes_first, both).await.reward, 1.0);
+    c.extract = vec![AnswerRule::Boxed, AnswerRule::Hashes];
+    let mut boxed_first = DatasetEnv::new(&c).unwrap();
+    assert_eq!(answer(&mut boxed_first, both).await.reward, 0.0);
+}
+
 #[tokio::test]
 async fn gsm8k_solutions_and_parquet_files_load() {
     let dir = tempfile::tempdir().unwrap();
@@ -358,7 +390,7 @@ async fn gsm8k_solutions_and_parquet_files_load() {
     w.write(&batch).unwrap();
     w.close().unwrap();
     let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
-    c.prompt = "question".into();
+    c.prompt = "question".parse().unwrap();
     c.template = Some("[{level}] {question} =".into());
     let mut env = make_env(&EnvSpec::new(EnvConfig::Dataset(c.clone()))).unwrap();
     let mut seen = HashSet::new();
@@ -375,7 +407,7 @@ async fn gsm8k_solutions_and_parquet_files_load() {
         HashSet::from(["[1] 3+4 =".to_string(), "[2] 10-2 =".to_string()])
     );
     // A missing Parquet column names it.
-    c.answer = "solution".into();
+    c.answer = "solution".parse().unwrap();
     config_err(&c, &["t.parquet", "`solution`"]);
 }
 
@@ -432,11 +464,7 @@ async fn files_are_loaded_once_per_config_and_its_clones() {
     assert!(env.reset(9).await.is_ok());
     let mut changed = c.clone();
     changed.shuffle_seed = 1;
-    assert!(changed
-        .validate()
-        .unwrap_err()
-        .to_string()
-        .contains("t.jsonl"));
+    assert!(rollflash_core::error_chain(&changed.validate().unwrap_err()).contains("t.jsonl"));
 }
 
 /// A conversation prompt (`messages = "…"`) reaches the reset as chat messages, with the
@@ -494,9 +522,9 @@ async fn conversation_prompts_become_chat_messages_with_the_system_field() {
     w.close().unwrap();
     for path in [jsonl, pq] {
         let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
-        c.messages = Some("chat".into());
-        c.system = Some("sys".into());
-        c.id = Some("id".into());
+        c.messages = Some("chat".parse().unwrap());
+        c.system = Some("sys".parse().unwrap());
+        c.id = Some("id".parse().unwrap());
         let mut env = DatasetEnv::new(&c).unwrap();
         let mut by_id = std::collections::HashMap::new();
         for s in 0..2 {
@@ -579,13 +607,13 @@ fn bad_conversations_name_file_row_and_message_field() {
     for (i, (bad, part)) in cases.into_iter().enumerate() {
         let path = write(&dir, &format!("bad{i}.jsonl"), &format!("{good}\n{bad}\n"));
         let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
-        c.messages = Some("chat".into());
+        c.messages = Some("chat".parse().unwrap());
         config_err(&c, &[&format!("bad{i}.jsonl"), "line 2", part]);
     }
     // A template renders string prompts only.
     let path = write(&dir, "ok.jsonl", &format!("{good}\n"));
     let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
-    c.messages = Some("chat".into());
+    c.messages = Some("chat".parse().unwrap());
     c.template = Some("{chat}".into());
     config_err(&c, &["template", "messages"]);
 }
@@ -607,10 +635,10 @@ async fn countdown_rows_are_scored_by_the_countdown_check() {
         &rows.iter().map(|r| format!("{r}\n")).collect::<String>(),
     );
     let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
-    c.prompt = "q".into();
-    c.answer = "target".into();
+    c.prompt = "q".parse().unwrap();
+    c.answer = "target".parse().unwrap();
     c.reward = DatasetReward::Countdown;
-    c.numbers = Some("nums".into());
+    c.numbers = Some("nums".parse().unwrap());
     c.format_weight = 0.5;
     let mut env = DatasetEnv::new(&c).unwrap();
     for seed in 0..2 {
@@ -654,7 +682,7 @@ async fn countdown_rows_are_scored_by_the_countdown_check() {
         config_err(&b, &[&format!("cd{i}.jsonl"), "line 2", part]);
     }
     let mut m = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
-    m.numbers = Some("nums".into());
+    m.numbers = Some("nums".parse().unwrap());
     config_err(&m, &["numbers", "countdown"]);
 }
 
@@ -688,10 +716,10 @@ async fn countdown_numbers_from_a_parquet_list_column() {
     w.write(&batch).unwrap();
     w.close().unwrap();
     let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
-    c.prompt = "q".into();
-    c.answer = "target".into();
+    c.prompt = "q".parse().unwrap();
+    c.answer = "target".parse().unwrap();
     c.reward = DatasetReward::Countdown;
-    c.numbers = Some("nums".into());
+    c.numbers = Some("nums".parse().unwrap());
     let mut env = DatasetEnv::new(&c).unwrap();
     for seed in 0..2 {
         let r = env.reset(seed).await.unwrap();
@@ -735,9 +763,9 @@ async fn reasoning_gym_fixtures_load_and_their_own_answers_score() {
             root.join(format!("{task}_train.jsonl")),
         )]);
         c.heldout = vec![DataFile::new(root.join(format!("{task}_test.jsonl")))];
-        c.prompt = "question".into();
-        c.id = Some("id".into());
-        c.reward = reward;
+        c.prompt = "question".parse().unwrap();
+        c.id = Some("id".parse().unwrap());
+        c.reward = reward.clone();
         let mut env = DatasetEnv::new(&c).unwrap();
         let all: Vec<_> = rows(&format!("{task}_train.jsonl"))
             .into_iter()
@@ -760,6 +788,9 @@ async fn reasoning_gym_fixtures_load_and_their_own_answers_score() {
                 DatasetReward::Math => format!("\\boxed{{{}}}", row["answer"].as_str().unwrap()),
                 DatasetReward::Countdown => {
                     format!("<answer>{}</answer>", row["expression"].as_str().unwrap())
+                }
+                DatasetReward::Code | DatasetReward::Python(_) => {
+                    unreachable!("the committed data sets are math and countdown")
                 }
             };
             let s = env.step(&response).await.unwrap();

@@ -234,7 +234,10 @@ async fn api_key_is_required_and_checked() {
                 ..
             },
         ) => {
-            assert!(e.to_string().contains("401 unauthorized"), "{e}")
+            assert!(
+                rollflash_core::error_chain(&e).contains("401 unauthorized"),
+                "{e}"
+            )
         }
         other => panic!("expected a 401, got {other:?}"),
     }

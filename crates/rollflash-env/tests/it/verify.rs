@@ -7,7 +7,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use rollflash_env::verify::expr::{evaluate, ExprError, Grammar};
-use rollflash_env::verify::math::{equivalent, extract_answer, normalize, Rule};
+use rollflash_env::verify::math::{
+    equivalent, extract_answer, extract_answer_with, normalize, Rule, Rules,
+};
 use rollflash_env::verify::{
     CountdownVerifier, FormatVerifier, MathVerifier, Reward, RewardPool, RewardPoolConfig,
     RewardPoolError, Verifier, WeightedSum,
@@ -266,6 +268,68 @@ fn extraction_order_and_rules() {
         extract_answer("x = -5 so -5", true).map(|e| e.text),
         Some("-5")
     );
+}
+
+/// Only the rules given are consulted, in the order given (issue 35: "the answer is 11." under
+/// `[Boxed, LastNumber]` scored 0 because the unlisted "answer is" mark was found first).
+#[test]
+fn extraction_consults_only_the_listed_rules_in_order() {
+    let boxed_last = [Rule::Boxed, Rule::LastNumber];
+    let r = "3 + 8 = 11, so the answer is 11.";
+    // An unlisted mark is just text: the last number finds 11.
+    assert_eq!(
+        extract_answer_with(r, &boxed_last).map(|e| (e.text, e.rule)),
+        Some(("11", Rule::LastNumber))
+    );
+    let v = MathVerifier::with_rules(&boxed_last);
+    assert_eq!(v.score(r, "11").value, 1.0);
+    assert_eq!(v.score(r, "12").value, 0.0);
+    // The default order still lets "answer is" find it first.
+    assert_eq!(
+        extract_answer(r, true).map(|e| e.rule),
+        Some(Rule::AnswerIs)
+    );
+
+    // Two listed rules that both find something: the first listed wins, either way round.
+    let both = "7 + 5 = 12\n#### 12\nso \\boxed{13}";
+    let first = |rules: &[Rule]| extract_answer_with(both, rules).map(|e| (e.text, e.rule));
+    assert_eq!(
+        first(&[Rule::Hashes, Rule::Boxed]),
+        Some(("12", Rule::Hashes))
+    );
+    assert_eq!(
+        first(&[Rule::Boxed, Rule::Hashes]),
+        Some(("13", Rule::Boxed))
+    );
+    // The last number listed before a mark: it is tried first.
+    let r2 = "<answer>4</answer> is what I think; 5.";
+    assert_eq!(
+        extract_answer_with(r2, &[Rule::LastNumber, Rule::AnswerTag]).map(|e| e.text),
+        Some("5")
+    );
+    assert_eq!(
+        extract_answer_with(r2, &[Rule::AnswerTag, Rule::LastNumber]).map(|e| e.text),
+        Some("4")
+    );
+    // The verifier scores by its own order.
+    let hashes_first = MathVerifier::with_rules(&[Rule::Hashes, Rule::Boxed]);
+    assert_eq!(hashes_first.score(both, "12").value, 1.0);
+    assert_eq!(
+        MathVerifier::with_rules(&[Rule::Boxed, Rule::Hashes])
+            .score(both, "12")
+            .value,
+        0.0
+    );
+    // No rules find nothing; a repeated rule keeps its first place.
+    assert_eq!(extract_answer_with(both, &[]), None);
+    assert_eq!(MathVerifier::with_rules(&[]).score(both, "12").value, 0.0);
+    assert_eq!(
+        Rules::new(&[Rule::Boxed, Rule::Hashes, Rule::Boxed]).as_slice(),
+        &[Rule::Boxed, Rule::Hashes]
+    );
+    // The defaults are unchanged: every rule, and every rule but the last number.
+    assert_eq!(MathVerifier::default().rules(), &Rule::ALL);
+    assert_eq!(MathVerifier::strict().rules(), &Rule::MARKED);
 }
 
 #[test]

@@ -4,16 +4,19 @@
 //! (through `rollflash-tinker`'s client, which has its own transport and retries; it shares
 //! only the registry of requests in flight, the seed and the resume split below).
 //!
-//! This module holds what both share: the connection settings ([`HttpBackendConfig`]), one
+//! This module holds what they share: the connection settings ([`HttpBackendConfig`]), one
 //! `reqwest` client with bounded retries and exponential backoff, the mapping of transport
 //! and status failures to [`BackendError`], and the registry of requests in flight that
-//! `abort` and `pause` act on.
+//! `abort` and `pause` act on; `common` holds `HttpCommon` (the state and the `load`,
+//! `update_weights` and adapter steps the SGLang, vLLM and OpenAI clients write alike), the
+//! client-side pause of OpenAI and Tinker, and the answer every `generate` builds.
 //!
 //! Retries: connection failures and 408/429/5xx answers are retried up to `max_retries`
 //! times, for every call. All calls are safe to repeat: control routes are idempotent, and a
 //! generation that failed produced nothing we received, so it is simply asked again (with the
 //! same seed). Timeouts are never retried: the server may still be working on the request.
 
+mod common;
 mod openai;
 mod sglang;
 mod tinker;
@@ -423,7 +426,7 @@ impl CallError {
 
     fn describe(&self) -> String {
         match self {
-            CallError::Transport(e) => chain(e),
+            CallError::Transport(e) => crate::backend::error_chain(e),
             CallError::Status { status, message } => format!("HTTP {status}: {message}"),
             CallError::Decode { source, body } => format!("answer is not JSON ({source}): {body}"),
         }
@@ -504,12 +507,6 @@ fn truncate(s: &str) -> String {
         Some((i, _)) => format!("{}…", &s[..i]),
         None => s.to_string(),
     }
-}
-
-/// An error and its sources on one line: `reqwest`'s `Display` alone says only "error
-/// sending request", the cause (connection refused, ...) is in the chain.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    crate::backend::error_chain(e)
 }
 
 /// Requests in flight on one backend, so `abort` and `pause(Abort)` can reach them. A std

@@ -32,10 +32,11 @@ use rollflash_core::{
 };
 use rollflash_model::chat::ChatMessage;
 use serde_json::{json, Value};
-use tokio::sync::{watch, OnceCell};
+use tokio::sync::OnceCell;
 
+use super::common::{finished, ClientPause, HttpCommon};
 use super::sglang::check_success;
-use super::{request_seed, split_resume, HttpBackendConfig, HttpClient, KnownVersion, Registry};
+use super::{request_seed, split_resume, HttpBackendConfig, HttpClient};
 use crate::backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
 
 /// How an OpenAI-compatible server is told to load new weights: the OpenAI API has no such
@@ -108,12 +109,10 @@ pub struct ChatCompletion {
 
 /// A remote OpenAI-compatible server as a backend.
 pub struct OpenAiBackend {
-    http: HttpClient,
+    common: HttpCommon,
     cfg: OpenAiConfig,
-    inflight: Registry,
-    version: KnownVersion,
-    /// Client-side pause: requests wait while it is `true`.
-    paused: watch::Sender<bool>,
+    /// The OpenAI API has no pause: requests wait on the client side.
+    paused: ClientPause,
     /// The model name, resolved once.
     model: OnceCell<String>,
 }
@@ -121,12 +120,16 @@ pub struct OpenAiBackend {
 impl std::fmt::Debug for OpenAiBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OpenAiBackend")
-            .field("name", &self.http.name())
+            .field("name", &self.http().name())
             .finish()
     }
 }
 
 impl OpenAiBackend {
+    fn http(&self) -> &HttpClient {
+        &self.common.http
+    }
+
     /// A backend for the server at `cfg.http.base_url`. Nothing is contacted until the first
     /// call.
     pub fn new(mut cfg: OpenAiConfig) -> Result<Self, BackendError> {
@@ -135,11 +138,9 @@ impl OpenAiBackend {
         let trimmed = cfg.http.base_url.trim_end_matches('/');
         cfg.http.base_url = trimmed.strip_suffix("/v1").unwrap_or(trimmed).to_string();
         Ok(OpenAiBackend {
-            http: HttpClient::new(&cfg.http)?,
-            version: KnownVersion::new(cfg.http.initial_version),
+            common: HttpCommon::new(&cfg.http)?,
             model: OnceCell::new(),
-            inflight: Registry::default(),
-            paused: watch::Sender::new(false),
+            paused: ClientPause::new(),
             cfg,
         })
     }
@@ -151,21 +152,14 @@ impl OpenAiBackend {
                 if let Some(m) = &self.cfg.model {
                     return Ok(m.clone());
                 }
-                let list = self.http.get("/v1/models").await?;
+                let list = self.http().get("/v1/models").await?;
                 list.pointer("/data/0/id")
                     .and_then(Value::as_str)
                     .map(str::to_string)
-                    .ok_or_else(|| self.http.protocol("/v1/models", "no model listed"))
+                    .ok_or_else(|| self.http().protocol("/v1/models", "no model listed"))
             })
             .await?;
         Ok(m.as_str())
-    }
-
-    /// Waits while paused.
-    async fn wait_unpaused(&self) {
-        let mut rx = self.paused.subscribe();
-        // `wait_for` only fails when the sender is gone, and `self` holds it.
-        let _ = rx.wait_for(|p| !*p).await;
     }
 
     /// A chat completion for `messages` (rendered by the server's chat template), with
@@ -175,7 +169,7 @@ impl OpenAiBackend {
         messages: &[ChatMessage],
         params: &SamplingParams,
     ) -> Result<ChatCompletion, BackendError> {
-        self.wait_unpaused().await;
+        self.paused.wait().await;
         let mut body = json!({
             "model": self.model().await?,
             "messages": messages,
@@ -190,17 +184,17 @@ impl OpenAiBackend {
             body["seed"] = json!(s);
         }
         let route = "/v1/chat/completions";
-        let answer = self.http.post(route, &body).await?;
+        let answer = self.http().post(route, &body).await?;
         let choice = answer
             .pointer("/choices/0")
-            .ok_or_else(|| self.http.protocol(route, "answer has no choices"))?;
+            .ok_or_else(|| self.http().protocol(route, "answer has no choices"))?;
         let text = choice
             .pointer("/message/content")
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        let finish_reason =
-            parse_finish(choice.get("finish_reason")).map_err(|e| self.http.protocol(route, e))?;
+        let finish_reason = parse_finish(choice.get("finish_reason"))
+            .map_err(|e| self.http().protocol(route, e))?;
         let logprobs = match choice
             .pointer("/logprobs/content")
             .and_then(Value::as_array)
@@ -210,7 +204,7 @@ impl OpenAiBackend {
                 .map(|e| e.get("logprob").and_then(Value::as_f64).map(|x| x as f32))
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| {
-                    self.http
+                    self.http()
                         .protocol(route, "a logprobs.content entry has no logprob")
                 })?,
             None => Vec::new(),
@@ -338,30 +332,17 @@ pub(crate) fn parse_completion(
 #[async_trait]
 impl Backend for OpenAiBackend {
     fn name(&self) -> &str {
-        self.http.name()
+        self.common.name()
     }
 
     async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
         let (mut output, left) = split_resume(&req);
-        let done = |output: Generated, finish_reason| GenOutput {
-            id: req.id,
-            prompt_len: req.prompt.len(),
-            output,
-            finish_reason,
-            start_version: req.start_version,
-            served_by: Vec::new(),
-        };
         let Some(left) = left else {
-            return Ok(done(output, FinishReason::Length));
+            return Ok(finished(&req, output, FinishReason::Length));
         };
-        let ticket = self.inflight.register(req.id, self.http.name())?;
-        if *self.paused.borrow() {
-            ticket.set_waiting(true);
-            tokio::select! {
-                _ = self.wait_unpaused() => {}
-                _ = ticket.aborted() => return Ok(done(output, FinishReason::Aborted)),
-            }
-            ticket.set_waiting(false);
+        let ticket = self.common.inflight.register(req.id, self.name())?;
+        if !self.paused.admit(&ticket).await {
+            return Ok(finished(&req, output, FinishReason::Aborted));
         }
         let p = &req.params;
         let mut prompt = req.prompt.clone();
@@ -383,77 +364,61 @@ impl Backend for OpenAiBackend {
         }
         let route = "/v1/completions";
         let answer = tokio::select! {
-            r = self.http.post(route, &body) => r?,
+            r = self.http().post(route, &body) => r?,
             // Dropping the call closes the connection; the server aborts the request.
-            _ = ticket.aborted() => return Ok(done(output, FinishReason::Aborted)),
+            _ = ticket.aborted() => return Ok(finished(&req, output, FinishReason::Aborted)),
         };
         drop(ticket);
         let parsed = parse_completion(&answer, self.cfg.use_extension)
-            .map_err(|e| self.http.protocol(route, e))?;
+            .map_err(|e| self.http().protocol(route, e))?;
         let n = parsed.tokens.len();
         output.extend(&Generated {
             tokens: parsed.tokens,
             logprobs: parsed.logprobs,
             versions: parsed
                 .versions
-                .unwrap_or_else(|| vec![self.version.get(); n]),
+                .unwrap_or_else(|| vec![self.common.version.get(); n]),
         });
-        Ok(done(output, parsed.finish))
+        Ok(finished(&req, output, parsed.finish))
     }
 
     async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
-        self.inflight.abort(id);
+        self.common.inflight.abort(id);
         Ok(())
     }
 
     async fn pause(&self, mode: PauseMode) -> Result<(), BackendError> {
-        // Paused first, so nothing starts between the aborts and the flag.
-        self.paused.send_replace(true);
-        if mode == PauseMode::Abort {
-            self.inflight.abort_all();
-        }
+        self.paused.pause(mode, &self.common.inflight);
         Ok(())
     }
 
     async fn resume(&self) -> Result<(), BackendError> {
-        self.paused.send_replace(false);
+        self.paused.resume();
         Ok(())
     }
 
     async fn update_weights(&self, update: &WeightUpdate) -> Result<(), BackendError> {
-        let unsupported = |what: &str| BackendError::Unsupported {
-            backend: self.http.name().to_string(),
-            what: what.to_string(),
-        };
-        let WeightUpdate::Disk { path, version } = update else {
-            return Err(unsupported(
-                "in-process weight updates (write a checkpoint and send WeightUpdate::Disk)",
-            ));
-        };
+        let (path, version) = self.common.disk_update(update)?;
         let WeightHook::Post { route, body } = &self.cfg.weight_hook else {
-            return Err(unsupported(
-                "weight updates: the OpenAI API has none; configure a WeightHook",
-            ));
+            return Err(BackendError::Unsupported {
+                backend: self.name().to_string(),
+                what: "weight updates: the OpenAI API has none; configure a WeightHook".into(),
+            });
         };
-        let answer = self.http.post(route, &body(path, *version)).await?;
-        check_success(&self.http, route, &answer)?;
-        super::verify_served_version(&self.http, *version).await?;
-        self.version.set(*version);
+        let answer = self.http().post(route, &body(path, version)).await?;
+        check_success(self.http(), route, &answer)?;
+        super::verify_served_version(self.http(), version).await?;
+        self.common.weights_loaded(version);
         Ok(())
     }
 
     async fn load(&self) -> Result<BackendLoad, BackendError> {
-        let (running, waiting) = self.inflight.counts();
-        Ok(BackendLoad {
-            running,
-            waiting,
-            version: self.version.get(),
-        })
+        Ok(self.common.load())
     }
 
     /// `GET /v1/models`: every OpenAI-compatible server has it (`/health` is vLLM's own).
     async fn health(&self) -> Result<(), BackendError> {
-        self.http.get("/v1/models").await.map(|_| ())
+        self.http().get("/v1/models").await.map(|_| ())
     }
 }
 

@@ -19,6 +19,15 @@
 //! Weights: `POST /update_weights_from_disk {model_path, weight_version}`, then the served
 //! version is read back (`GET /get_weight_version`, else `/get_model_info`) and must be the
 //! one just loaded.
+//!
+//! Adapters (`WeightUpdate::Adapter`): `POST /load_lora_adapter {lora_name, lora_path,
+//! rollflash_weight_version}` (the last our extension, so `rollflash serve` labels the
+//! adapter's tokens; SGLang ignores it); the answer's `loaded_adapters` must name the adapter
+//! when the server lists them (the served-version check: one name per version); from then on
+//! `/generate` carries `lora_path: <lora_name>` and every token of a call is the adapter's
+//! version. All but the newest [`super::common::ADAPTERS_KEPT`] are unloaded
+//! (`POST /unload_lora_adapter {lora_name}`). A server without the route (404), or refusing
+//! (400: SGLang started without `--enable-lora`), answers `Unsupported`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -26,16 +35,13 @@ use async_trait::async_trait;
 use rollflash_core::{FinishReason, GenOutput, GenRequest, Generated, PolicyVersion, RequestId};
 use serde_json::{json, Value};
 
-use super::{
-    next_delay, request_seed, split_resume, HttpBackendConfig, HttpClient, KnownVersion, Registry,
-};
+use super::common::{finished, HttpCommon};
+use super::{next_delay, request_seed, split_resume, HttpBackendConfig, HttpClient};
 use crate::backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
 
 /// A remote SGLang-native server as a backend.
 pub struct SglangBackend {
-    http: HttpClient,
-    inflight: Registry,
-    version: KnownVersion,
+    common: HttpCommon,
     /// Makes `rid`s unique across backends sharing a server: a random tag per instance and a
     /// counter per call (a retried or resumed request gets a new `rid`).
     rid_tag: u32,
@@ -47,22 +53,61 @@ pub struct SglangBackend {
 impl std::fmt::Debug for SglangBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SglangBackend")
-            .field("name", &self.http.name())
+            .field("name", &self.http().name())
             .finish()
     }
 }
 
 impl SglangBackend {
+    fn http(&self) -> &HttpClient {
+        &self.common.http
+    }
+
     /// A backend for the server at `cfg.base_url`. Nothing is contacted until the first call.
     pub fn new(cfg: HttpBackendConfig) -> Result<Self, BackendError> {
         Ok(SglangBackend {
-            version: KnownVersion::new(cfg.initial_version),
-            http: HttpClient::new(&cfg)?,
-            inflight: Registry::default(),
+            common: HttpCommon::new(&cfg)?,
             rid_tag: rand::random(),
             rid_seq: AtomicU64::new(0),
             resume_hint: true,
         })
+    }
+
+    /// Loads an adapter, checks the server holds it, makes it the one calls name, and
+    /// unloads the oldest beyond the number kept.
+    async fn load_adapter(
+        &self,
+        dir: &std::path::Path,
+        name: &str,
+        version: PolicyVersion,
+    ) -> Result<(), BackendError> {
+        const ROUTE: &str = "/load_lora_adapter";
+        let body = json!({
+            "lora_name": name,
+            "lora_path": dir.to_string_lossy(),
+            "rollflash_weight_version": version.0.to_string(),
+        });
+        let answer = self
+            .http()
+            .post(ROUTE, &body)
+            .await
+            .map_err(|e| self.common.adapter_refused(ROUTE, e))?;
+        check_success(self.http(), ROUTE, &answer)?;
+        if let Some(Value::Object(loaded)) = answer.get("loaded_adapters") {
+            if !loaded.contains_key(name) {
+                return Err(self.http().protocol(
+                    ROUTE,
+                    format!(
+                        "adapter `{name}` was loaded but is not listed (it lists {:?})",
+                        loaded.keys().collect::<Vec<_>>()
+                    ),
+                ));
+            }
+        }
+        self.common
+            .adapter_loaded(name, version, "/unload_lora_adapter")
+            .await;
+        Ok(())
     }
 
     /// Whether to send the `rollflash_resumed_len` extension (default on). Turn it off for a
@@ -79,6 +124,7 @@ impl SglangBackend {
         resumed: &Generated,
         left: usize,
         rid: &str,
+        adapter: Option<&str>,
     ) -> Value {
         let p = &req.params;
         let mut sp = json!({
@@ -105,6 +151,10 @@ impl SglangBackend {
         if self.resume_hint && !resumed.is_empty() {
             body["rollflash_resumed_len"] = json!(resumed.len());
         }
+        if let Some(name) = adapter {
+            // SGLang's field: the name of a loaded adapter (or a path).
+            body["lora_path"] = json!(name);
+        }
         body
     }
 
@@ -117,20 +167,20 @@ impl SglangBackend {
             &mut impl std::future::Future<Output = Result<Value, BackendError>>,
         >,
     ) -> Result<Value, BackendError> {
-        let mut delay = self.http.config().backoff_initial;
+        let mut delay = self.http().config().backoff_initial;
         loop {
             if let Err(e) = self
-                .http
+                .http()
                 .post("/abort_request", &json!({ "rid": rid }))
                 .await
             {
-                tracing::debug!(backend = %self.http.name(), rid, "abort_request failed: {e}");
+                tracing::debug!(backend = %self.http().name(), rid, "abort_request failed: {e}");
             }
             tokio::select! {
                 r = call.as_mut() => return r,
                 _ = tokio::time::sleep(delay) => {}
             }
-            delay = next_delay(delay, self.http.config());
+            delay = next_delay(delay, self.http().config());
         }
     }
 
@@ -142,12 +192,12 @@ impl SglangBackend {
         let route = "/generate";
         let meta = v
             .get("meta_info")
-            .ok_or_else(|| self.http.protocol(route, "answer has no `meta_info`"))?;
+            .ok_or_else(|| self.http().protocol(route, "answer has no `meta_info`"))?;
         let lps = meta
             .get("output_token_logprobs")
             .and_then(Value::as_array)
             .ok_or_else(|| {
-                self.http
+                self.http()
                     .protocol(route, "answer has no `meta_info.output_token_logprobs`")
             })?;
         let mut logprobs = Vec::with_capacity(lps.len());
@@ -164,7 +214,7 @@ impl SglangBackend {
                     lp_ids.push(id);
                 }
                 _ => {
-                    return Err(self.http.protocol(
+                    return Err(self.http().protocol(
                         route,
                         format!("output_token_logprobs[{i}] is not [logprob, token_id, ...]: {e}"),
                     ))
@@ -174,7 +224,7 @@ impl SglangBackend {
         let tokens = match v.get("output_ids") {
             Some(ids) => serde_json::from_value::<Vec<u32>>(ids.clone()).map_err(|e| {
                 BackendError::Protocol {
-                    backend: self.http.name().to_string(),
+                    backend: self.http().name().to_string(),
                     reason: format!("{route}: output_ids"),
                     source: Some(Box::new(e)),
                 }
@@ -182,7 +232,7 @@ impl SglangBackend {
             None => lp_ids,
         };
         if tokens.len() != logprobs.len() {
-            return Err(self.http.protocol(
+            return Err(self.http().protocol(
                 route,
                 format!(
                     "{} output ids but {} log-probs",
@@ -198,14 +248,14 @@ impl SglangBackend {
                 .map(|x| x.as_u64().map(PolicyVersion))
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| {
-                    self.http
+                    self.http()
                         .protocol(route, "output_token_versions are not integers")
                 })?,
             _ => {
                 let v = meta
                     .get("weight_version")
                     .and_then(crate::server::parse_version)
-                    .unwrap_or_else(|| self.version.get());
+                    .unwrap_or_else(|| self.common.version.get());
                 vec![v; n]
             }
         };
@@ -221,7 +271,7 @@ impl SglangBackend {
             None if aborted => FinishReason::Aborted,
             other => {
                 return Err(self
-                    .http
+                    .http()
                     .protocol(route, format!("unknown finish_reason {other:?}")))
             }
         };
@@ -239,31 +289,30 @@ impl SglangBackend {
 #[async_trait]
 impl Backend for SglangBackend {
     fn name(&self) -> &str {
-        self.http.name()
+        self.common.name()
     }
 
     async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
         let (mut output, left) = split_resume(&req);
-        let done = |output: Generated, finish_reason| GenOutput {
-            id: req.id,
-            prompt_len: req.prompt.len(),
-            output,
-            finish_reason,
-            start_version: req.start_version,
-            served_by: Vec::new(),
-        };
         let Some(left) = left else {
-            return Ok(done(output, FinishReason::Length));
+            return Ok(finished(&req, output, FinishReason::Length));
         };
-        let ticket = self.inflight.register(req.id, self.http.name())?;
+        let ticket = self.common.inflight.register(req.id, self.name())?;
         let rid = format!(
             "rf-{:08x}-{}-{}",
             self.rid_tag,
             req.id.0,
             self.rid_seq.fetch_add(1, Ordering::Relaxed)
         );
-        let body = self.generate_body(&req, &output, left, &rid);
-        let call = self.http.post("/generate", &body);
+        let adapter = self.common.current_adapter();
+        let body = self.generate_body(
+            &req,
+            &output,
+            left,
+            &rid,
+            adapter.as_ref().map(|(n, _)| n.as_str()),
+        );
+        let call = self.http().post("/generate", &body);
         tokio::pin!(call);
         let mut aborted = false;
         let answer = tokio::select! {
@@ -278,18 +327,22 @@ impl Backend for SglangBackend {
             Ok(v) => v,
             // The server went away after we asked to abort: what we know is what we had.
             Err(e) if aborted => {
-                tracing::debug!(backend = %self.http.name(), "aborted request failed: {e}");
-                return Ok(done(output, FinishReason::Aborted));
+                tracing::debug!(backend = %self.http().name(), "aborted request failed: {e}");
+                return Ok(finished(&req, output, FinishReason::Aborted));
             }
             Err(e) => return Err(e),
         };
-        let (new, finish) = self.parse_generate(&answer, aborted)?;
+        let (mut new, finish) = self.parse_generate(&answer, aborted)?;
+        if let Some((_, v)) = adapter {
+            // The adapter named is what produced every token of this call.
+            new.versions = vec![v; new.tokens.len()];
+        }
         output.extend(&new);
-        Ok(done(output, finish))
+        Ok(finished(&req, output, finish))
     }
 
     async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
-        self.inflight.abort(id);
+        self.common.inflight.abort(id);
         Ok(())
     }
 
@@ -298,29 +351,26 @@ impl Backend for SglangBackend {
             PauseMode::Abort => "abort",
             PauseMode::Keep => "in_place",
         };
-        self.http
+        self.http()
             .post("/pause_generation", &json!({ "mode": mode }))
             .await
             .map(|_| ())
     }
 
     async fn resume(&self) -> Result<(), BackendError> {
-        self.http
+        self.http()
             .post("/continue_generation", &json!({}))
             .await
             .map(|_| ())
     }
 
     async fn update_weights(&self, update: &WeightUpdate) -> Result<(), BackendError> {
-        let WeightUpdate::Disk { path, version } = update else {
-            return Err(BackendError::Unsupported {
-                backend: self.http.name().to_string(),
-                what: "in-process weight updates (write a checkpoint and send WeightUpdate::Disk)"
-                    .into(),
-            });
-        };
+        if let WeightUpdate::Adapter { dir, name, version } = update {
+            return self.load_adapter(dir, name, *version).await;
+        }
+        let (path, version) = self.common.disk_update(update)?;
         let answer = self
-            .http
+            .http()
             .post(
                 "/update_weights_from_disk",
                 &json!({
@@ -329,23 +379,18 @@ impl Backend for SglangBackend {
                 }),
             )
             .await?;
-        check_success(&self.http, "/update_weights_from_disk", &answer)?;
-        super::verify_served_version(&self.http, *version).await?;
-        self.version.set(*version);
+        check_success(self.http(), "/update_weights_from_disk", &answer)?;
+        super::verify_served_version(self.http(), version).await?;
+        self.common.weights_loaded(version);
         Ok(())
     }
 
     async fn load(&self) -> Result<BackendLoad, BackendError> {
-        let (running, waiting) = self.inflight.counts();
-        Ok(BackendLoad {
-            running,
-            waiting,
-            version: self.version.get(),
-        })
+        Ok(self.common.load())
     }
 
     async fn health(&self) -> Result<(), BackendError> {
-        self.http.get("/health").await.map(|_| ())
+        self.http().get("/health").await.map(|_| ())
     }
 }
 

@@ -60,8 +60,8 @@ use rollflash_tinker::{
     ClientConfig, Heartbeat, RetryPolicy, SampleOutput, SamplerSource, StopReason, TinkerClient,
     TinkerError,
 };
-use tokio::sync::watch;
 
+use super::common::{finished, load_of, ClientPause};
 use super::{request_seed, split_resume, Registry};
 use crate::backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
 
@@ -189,8 +189,8 @@ pub struct TinkerBackend {
     /// `seq_id` of each `asample` (SkyRL requires one; it is not an idempotency key there).
     sample_seq: AtomicI32,
     inflight: Registry,
-    /// Client-side pause: new requests wait while it is `true`.
-    paused: watch::Sender<bool>,
+    /// The protocol has no pause: new requests wait on the client side.
+    paused: ClientPause,
     /// Keeps the session alive; dropping the backend aborts it.
     _heartbeat: Heartbeat,
 }
@@ -264,7 +264,7 @@ impl TinkerBackend {
             sampler_seq: AtomicU32::new(1),
             sample_seq: AtomicI32::new(1),
             inflight: Registry::default(),
-            paused: watch::Sender::new(false),
+            paused: ClientPause::new(),
             _heartbeat: heartbeat,
         };
         let current = backend.current();
@@ -441,13 +441,6 @@ impl TinkerBackend {
             finish,
         ))
     }
-
-    /// Waits while paused.
-    async fn wait_unpaused(&self) {
-        let mut rx = self.paused.subscribe();
-        // `wait_for` fails only when the sender is gone, and `self` holds it.
-        let _ = rx.wait_for(|p| !*p).await;
-    }
 }
 
 /// The seed sent for `req` after `resumed` tokens: the request's seed moved on by the resumed
@@ -542,16 +535,8 @@ impl Backend for TinkerBackend {
             return Err(self.invalid(format!("{}: empty prompt", req.id)));
         }
         let (mut output, left) = split_resume(&req);
-        let done = |output: Generated, finish_reason| GenOutput {
-            id: req.id,
-            prompt_len: req.prompt.len(),
-            output,
-            finish_reason,
-            start_version: req.start_version,
-            served_by: Vec::new(),
-        };
         let Some(left) = left else {
-            return Ok(done(output, FinishReason::Length));
+            return Ok(finished(&req, output, FinishReason::Length));
         };
         let p = &req.params;
         let mut prompt = self.to_wire("prompt", &req.prompt)?;
@@ -572,13 +557,8 @@ impl Backend for TinkerBackend {
         };
 
         let ticket = self.inflight.register(req.id, &self.name)?;
-        if *self.paused.borrow() {
-            ticket.set_waiting(true);
-            tokio::select! {
-                _ = self.wait_unpaused() => {}
-                _ = ticket.aborted() => return Ok(done(output, FinishReason::Aborted)),
-            }
-            ticket.set_waiting(false);
+        if !self.paused.admit(&ticket).await {
+            return Ok(finished(&req, output, FinishReason::Aborted));
         }
         // The session at submit: its version is the tokens' even if an update swaps it
         // while the sample runs (the sample runs on these weights to the end).
@@ -595,13 +575,13 @@ impl Backend for TinkerBackend {
             r = call => r,
             // No abort on the wire: we stop waiting; the server finishes the sample for
             // nobody (see the module docs).
-            _ = ticket.aborted() => return Ok(done(output, FinishReason::Aborted)),
+            _ = ticket.aborted() => return Ok(finished(&req, output, FinishReason::Aborted)),
         };
         drop(ticket);
         let out = answer.map_err(|e| map_error(&self.name, Call::Generate, e))?;
         let (new, finish) = self.read_sample(out, left, &p.stop_token_ids, sampler.version)?;
         output.extend(&new);
-        Ok(done(output, finish))
+        Ok(finished(&req, output, finish))
     }
 
     async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
@@ -610,16 +590,12 @@ impl Backend for TinkerBackend {
     }
 
     async fn pause(&self, mode: PauseMode) -> Result<(), BackendError> {
-        // Paused first, so nothing starts between the aborts and the flag.
-        self.paused.send_replace(true);
-        if mode == PauseMode::Abort {
-            self.inflight.abort_all();
-        }
+        self.paused.pause(mode, &self.inflight);
         Ok(())
     }
 
     async fn resume(&self) -> Result<(), BackendError> {
-        self.paused.send_replace(false);
+        self.paused.resume();
         Ok(())
     }
 
@@ -656,12 +632,7 @@ impl Backend for TinkerBackend {
     }
 
     async fn load(&self) -> Result<BackendLoad, BackendError> {
-        let (running, waiting) = self.inflight.counts();
-        Ok(BackendLoad {
-            running,
-            waiting,
-            version: self.current().version,
-        })
+        Ok(load_of(&self.inflight, self.current().version))
     }
 
     async fn health(&self) -> Result<(), BackendError> {

@@ -31,6 +31,16 @@
 //! `weight_version` is a label it stores, not a fingerprint of the tensors: what the check
 //! proves is that this server took the whole sequence, in order, after the reload succeeded.
 //!
+//! Adapters (`WeightUpdate::Adapter`; server started with `--enable-lora --max-lora-rank R`
+//! and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`): `POST /v1/load_lora_adapter {lora_name,
+//! lora_path}`, then `GET /v1/models` must list `lora_name` (the served-version check: one
+//! name per version); from then on every call names the adapter as its `model`, and all of
+//! its tokens carry that adapter's version (vLLM's weight-version spans label the base, not
+//! the adapter, so they are not read then). The base is loaded once. All but the newest
+//! [`super::common::ADAPTERS_KEPT`] adapters are unloaded (`POST /v1/unload_lora_adapter
+//! {lora_name}`). A server without the routes (404) or refusing the adapter (400: LoRA off,
+//! rank too large) answers `Unsupported`, so the caller can fall back to merged weights.
+//!
 //! Finish reasons: `stop`, `length`, `abort`, and vLLM's `repetition` (its repetition
 //! detector ended the generation: a normal end, mapped to `Stop`).
 
@@ -41,10 +51,9 @@ use rollflash_core::{FinishReason, GenOutput, GenRequest, Generated, PolicyVersi
 use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 
+use super::common::{finished, HttpCommon};
 use super::openai::parse_completion;
-use super::{
-    next_delay, request_seed, split_resume, HttpBackendConfig, HttpClient, KnownVersion, Registry,
-};
+use super::{next_delay, request_seed, split_resume, HttpBackendConfig, HttpClient};
 use crate::backend::{Backend, BackendError, BackendLoad, PauseMode, WeightUpdate};
 
 /// vLLM's three pause modes (`POST /pause?mode=`).
@@ -69,13 +78,13 @@ impl VllmPause {
 }
 
 const GENERATE: &str = "/inference/v1/generate";
+const LOAD_LORA: &str = "/v1/load_lora_adapter";
+const UNLOAD_LORA: &str = "/v1/unload_lora_adapter";
 const COMPLETIONS: &str = "/v1/completions";
 
 /// A remote vLLM server as a backend.
 pub struct VllmBackend {
-    http: HttpClient,
-    inflight: Registry,
-    version: KnownVersion,
+    common: HttpCommon,
     /// The model to request; `None` takes the first one `/v1/models` lists.
     expected_model: Option<String>,
     model: OnceCell<String>,
@@ -92,7 +101,7 @@ pub struct VllmBackend {
 impl std::fmt::Debug for VllmBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VllmBackend")
-            .field("name", &self.http.name())
+            .field("name", &self.http().name())
             .finish()
     }
 }
@@ -104,15 +113,17 @@ struct Answer {
 }
 
 impl VllmBackend {
+    fn http(&self) -> &HttpClient {
+        &self.common.http
+    }
+
     /// A backend for the vLLM server at `cfg.base_url` (a trailing `/v1` is accepted). Nothing
     /// is contacted until the first call.
     pub fn new(mut cfg: HttpBackendConfig) -> Result<Self, BackendError> {
         let trimmed = cfg.base_url.trim_end_matches('/');
         cfg.base_url = trimmed.strip_suffix("/v1").unwrap_or(trimmed).to_string();
         Ok(VllmBackend {
-            version: KnownVersion::new(cfg.initial_version),
-            http: HttpClient::new(&cfg)?,
-            inflight: Registry::default(),
+            common: HttpCommon::new(&cfg)?,
             expected_model: None,
             model: OnceCell::new(),
             rid_tag: rand::random(),
@@ -134,7 +145,7 @@ impl VllmBackend {
         let m = self
             .model
             .get_or_try_init(|| async {
-                let list = self.http.get("/v1/models").await?;
+                let list = self.http().get("/v1/models").await?;
                 let served: Vec<String> = list
                     .get("data")
                     .and_then(Value::as_array)
@@ -153,14 +164,14 @@ impl VllmBackend {
                             "vLLM at {} does not serve the model `{want}` (it serves {served:?}; \
                              set the model to one of those, or start vLLM with \
                              --served-model-name {want})",
-                            self.http.name()
+                            self.http().name()
                         ),
                         source: None,
                     }),
                     None => served
                         .into_iter()
                         .next()
-                        .ok_or_else(|| self.http.protocol("/v1/models", "no model listed")),
+                        .ok_or_else(|| self.http().protocol("/v1/models", "no model listed")),
                 }
             })
             .await?;
@@ -173,8 +184,8 @@ impl VllmBackend {
     /// it says what the server really serves.
     async fn label_initial_weights(&self) -> Result<(), BackendError> {
         if self.served_version().await?.is_none() {
-            let label = self.version.get().0.to_string();
-            self.http
+            let label = self.common.version.get().0.to_string();
+            self.http()
                 .post("/update_weight_version", &json!({ "new_version": label }))
                 .await?;
         }
@@ -185,7 +196,7 @@ impl VllmBackend {
     /// `Wait` drains first).
     pub async fn pause_server(&self, mode: VllmPause) -> Result<(), BackendError> {
         let route = format!("/pause?mode={}", mode.as_str());
-        self.http.post(&route, &json!({})).await?;
+        self.http().post(&route, &json!({})).await?;
         self.paused.store(true, Ordering::SeqCst);
         Ok(())
     }
@@ -193,7 +204,7 @@ impl VllmBackend {
     /// The weight version the server reports (`GET /weight_info`), as a policy version;
     /// `None` when it has none or it is not a number.
     pub async fn served_version(&self) -> Result<Option<PolicyVersion>, BackendError> {
-        let info = self.http.get("/weight_info").await?;
+        let info = self.http().get("/weight_info").await?;
         Ok(info
             .get("weight_version")
             .and_then(crate::server::parse_version))
@@ -234,10 +245,12 @@ impl VllmBackend {
         left: usize,
         rid: &str,
         completions: bool,
+        adapter: Option<&str>,
     ) -> Result<(&'static str, Value, String), BackendError> {
         let mut ids = req.prompt.clone();
         ids.extend_from_slice(&resumed.tokens);
-        let model = self.model().await?;
+        let base = self.model().await?;
+        let model = adapter.unwrap_or(base);
         let sp = Self::sampling_params(req, resumed.len(), left);
         if completions {
             let mut body = sp;
@@ -268,17 +281,17 @@ impl VllmBackend {
             &mut impl std::future::Future<Output = Result<Value, BackendError>>,
         >,
     ) -> Result<Value, BackendError> {
-        let mut delay = self.http.config().backoff_initial;
+        let mut delay = self.http().config().backoff_initial;
         loop {
             let body = json!({ "request_ids": [vllm_id] });
-            if let Err(e) = self.http.post("/abort_requests", &body).await {
-                tracing::debug!(backend = %self.http.name(), vllm_id, "abort_requests failed: {e}");
+            if let Err(e) = self.http().post("/abort_requests", &body).await {
+                tracing::debug!(backend = %self.http().name(), vllm_id, "abort_requests failed: {e}");
             }
             tokio::select! {
                 r = call.as_mut() => return r,
                 _ = tokio::time::sleep(delay) => {}
             }
-            delay = next_delay(delay, self.http.config());
+            delay = next_delay(delay, self.http().config());
         }
     }
 
@@ -288,7 +301,7 @@ impl VllmBackend {
         v: &Value,
         at_dispatch: PolicyVersion,
     ) -> Result<Answer, BackendError> {
-        let bad = |reason: String| self.http.protocol(GENERATE, reason);
+        let bad = |reason: String| self.http().protocol(GENERATE, reason);
         let choice = v
             .pointer("/choices/0")
             .ok_or_else(|| bad("answer has no choices".into()))?;
@@ -354,7 +367,7 @@ impl VllmBackend {
             let start = s.get("start").and_then(Value::as_u64);
             let end = s.get("end").and_then(Value::as_u64);
             let (Some(start), Some(end)) = (start, end) else {
-                return Err(self.http.protocol(
+                return Err(self.http().protocol(
                     GENERATE,
                     format!("weight_versions entry {s} has no start/end"),
                 ));
@@ -385,11 +398,24 @@ impl VllmBackend {
                 req.id.0,
                 self.rid_seq.fetch_add(1, Ordering::Relaxed)
             );
+            // The adapter and the version are read together: the adapter named is the
+            // version every token of this call is.
+            let adapter = self.common.current_adapter();
             let (route, body, vllm_id) = self
-                .call_body(req, resumed, left, &rid, completions)
+                .call_body(
+                    req,
+                    resumed,
+                    left,
+                    &rid,
+                    completions,
+                    adapter.as_ref().map(|(n, _)| n.as_str()),
+                )
                 .await?;
-            let at_dispatch = self.version.get();
-            let call = self.http.post(route, &body);
+            let at_dispatch = match &adapter {
+                Some((_, v)) => *v,
+                None => self.common.version.get(),
+            };
+            let call = self.http().post(route, &body);
             tokio::pin!(call);
             let mut aborted = false;
             let answer = tokio::select! {
@@ -403,7 +429,7 @@ impl VllmBackend {
                 Ok(v) => v,
                 Err(BackendError::Unsupported { what, .. }) if !completions => {
                     tracing::warn!(
-                        backend = %self.http.name(),
+                        backend = %self.http().name(),
                         "vLLM has no {GENERATE} ({what}; start it with --enable-scale-out): \
                          using {COMPLETIONS}, without per-token weight versions"
                     );
@@ -411,14 +437,14 @@ impl VllmBackend {
                     continue;
                 }
                 Err(e) if aborted => {
-                    tracing::debug!(backend = %self.http.name(), "aborted request failed: {e}");
+                    tracing::debug!(backend = %self.http().name(), "aborted request failed: {e}");
                     return Ok(None);
                 }
                 Err(e) => return Err(self.name_model_error(e)),
             };
             return if completions {
                 let p = parse_completion_vllm(&answer)
-                    .map_err(|e| self.http.protocol(COMPLETIONS, e))?;
+                    .map_err(|e| self.http().protocol(COMPLETIONS, e))?;
                 let n = p.tokens.len();
                 Ok(Some(Answer {
                     new: Generated {
@@ -429,9 +455,53 @@ impl VllmBackend {
                     finish: p.finish,
                 }))
             } else {
-                self.parse_generate(&answer, at_dispatch).map(Some)
+                let mut a = self.parse_generate(&answer, at_dispatch)?;
+                if adapter.is_some() {
+                    a.new.versions = vec![at_dispatch; a.new.tokens.len()];
+                }
+                Ok(Some(a))
             };
         }
+    }
+
+    /// The names `GET /v1/models` lists (the base and every loaded adapter).
+    async fn served_names(&self) -> Result<Vec<String>, BackendError> {
+        let list = self.http().get("/v1/models").await?;
+        Ok(list
+            .get("data")
+            .and_then(Value::as_array)
+            .map(|d| {
+                d.iter()
+                    .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Loads an adapter, checks the server lists it, makes it the one calls name, and
+    /// unloads the oldest beyond [`super::common::ADAPTERS_KEPT`].
+    async fn load_adapter(
+        &self,
+        dir: &std::path::Path,
+        name: &str,
+        version: PolicyVersion,
+    ) -> Result<(), BackendError> {
+        let body = json!({ "lora_name": name, "lora_path": dir.to_string_lossy() });
+        // A 404 means vLLM was started without VLLM_ALLOW_RUNTIME_LORA_UPDATING; a 400, LoRA
+        // off or a rank above --max-lora-rank.
+        self.http()
+            .post(LOAD_LORA, &body)
+            .await
+            .map_err(|e| self.common.adapter_refused(LOAD_LORA, e))?;
+        let served = self.served_names().await?;
+        if !served.iter().any(|s| s == name) {
+            return Err(self.http().protocol(
+                "/v1/models",
+                format!("adapter `{name}` was loaded but is not listed (it lists {served:?})"),
+            ));
+        }
+        self.common.adapter_loaded(name, version, UNLOAD_LORA).await;
+        Ok(())
     }
 
     /// vLLM answers a model it does not serve with 404 ("The model `x` does not exist"),
@@ -442,7 +512,7 @@ impl VllmBackend {
                 BackendError::InvalidRequest {
                     reason: format!(
                         "vLLM at {} does not serve the requested model: {what}",
-                        self.http.name()
+                        self.http().name()
                     ),
                     source: None,
                 }
@@ -479,36 +549,28 @@ fn parse_completion_vllm(v: &Value) -> Result<super::openai::ParsedCompletion, S
 #[async_trait]
 impl Backend for VllmBackend {
     fn name(&self) -> &str {
-        self.http.name()
+        self.common.name()
     }
 
     async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
         let (mut output, left) = split_resume(&req);
-        let done = |output: Generated, finish_reason| GenOutput {
-            id: req.id,
-            prompt_len: req.prompt.len(),
-            output,
-            finish_reason,
-            start_version: req.start_version,
-            served_by: Vec::new(),
-        };
         let Some(left) = left else {
-            return Ok(done(output, FinishReason::Length));
+            return Ok(finished(&req, output, FinishReason::Length));
         };
-        let ticket = self.inflight.register(req.id, self.http.name())?;
+        let ticket = self.common.inflight.register(req.id, self.name())?;
         let answer = self.call(&req, &output, left, &ticket).await?;
         drop(ticket);
         match answer {
             Some(a) => {
                 output.extend(&a.new);
-                Ok(done(output, a.finish))
+                Ok(finished(&req, output, a.finish))
             }
-            None => Ok(done(output, FinishReason::Aborted)),
+            None => Ok(finished(&req, output, FinishReason::Aborted)),
         }
     }
 
     async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
-        self.inflight.abort(id);
+        self.common.inflight.abort(id);
         Ok(())
     }
 
@@ -521,19 +583,16 @@ impl Backend for VllmBackend {
     }
 
     async fn resume(&self) -> Result<(), BackendError> {
-        self.http.post("/resume", &json!({})).await?;
+        self.http().post("/resume", &json!({})).await?;
         self.paused.store(false, Ordering::SeqCst);
         Ok(())
     }
 
     async fn update_weights(&self, update: &WeightUpdate) -> Result<(), BackendError> {
-        let WeightUpdate::Disk { path, version } = update else {
-            return Err(BackendError::Unsupported {
-                backend: self.http.name().to_string(),
-                what: "in-process weight updates (write a checkpoint and send WeightUpdate::Disk)"
-                    .into(),
-            });
-        };
+        if let WeightUpdate::Adapter { dir, name, version } = update {
+            return self.load_adapter(dir, name, *version).await;
+        }
+        let (path, version) = self.common.disk_update(update)?;
         // Without a server-side pause around the reload a running request would switch
         // weights mid-generation between two labels.
         let own_pause = !self.paused.load(Ordering::SeqCst);
@@ -545,23 +604,23 @@ impl Backend for VllmBackend {
                 "method": "reload_weights",
                 "kwargs": { "weights_path": path.to_string_lossy() },
             });
-            self.http.post("/collective_rpc", &rpc).await?;
-            let reset = self.http.post("/reset_prefix_cache", &json!({})).await?;
+            self.http().post("/collective_rpc", &rpc).await?;
+            let reset = self.http().post("/reset_prefix_cache", &json!({})).await?;
             if reset.get("success").and_then(Value::as_bool) == Some(false) {
                 // Blocks held by requests kept in place cannot be freed; new requests may
                 // reuse their prefixes, computed by the previous weights, until they finish.
                 tracing::warn!(
-                    backend = %self.http.name(),
+                    backend = %self.http().name(),
                     "vLLM could not reset its prefix cache (requests kept in place hold blocks)"
                 );
             }
             let label = version.0.to_string();
-            self.http
+            self.http()
                 .post("/update_weight_version", &json!({ "new_version": label }))
                 .await?;
             match self.served_version().await? {
-                Some(v) if v == *version => Ok(()),
-                other => Err(self.http.protocol(
+                Some(v) if v == version => Ok(()),
+                other => Err(self.http().protocol(
                     "/weight_info",
                     format!("after loading version {version} the server reports {other:?}"),
                 )),
@@ -569,7 +628,7 @@ impl Backend for VllmBackend {
         }
         .await;
         if result.is_ok() {
-            self.version.set(*version);
+            self.common.weights_loaded(version);
         }
         if own_pause {
             let resumed = self.resume().await;
@@ -581,16 +640,11 @@ impl Backend for VllmBackend {
     }
 
     async fn load(&self) -> Result<BackendLoad, BackendError> {
-        let (running, waiting) = self.inflight.counts();
-        Ok(BackendLoad {
-            running,
-            waiting,
-            version: self.version.get(),
-        })
+        Ok(self.common.load())
     }
 
     async fn health(&self) -> Result<(), BackendError> {
-        self.http.get("/health").await?;
+        self.http().get("/health").await?;
         self.model().await.map(|_| ())
     }
 }
@@ -630,7 +684,7 @@ mod tests {
     #[test]
     fn generate_answers_are_read_with_their_version_spans() {
         let b = backend();
-        assert_eq!(b.http.name(), "http://127.0.0.1:1");
+        assert_eq!(b.http().name(), "http://127.0.0.1:1");
         let answer = json!({
             "request_id": "generate-tokens-x",
             "choices": [{

@@ -6,6 +6,13 @@
 //! JSON error shape, the body extractor that turns serde failures into 400s naming the field,
 //! API-key checking in constant time, and graceful shutdown.
 //!
+//! LoRA adapters (with an [`AdapterHost`]): `/load_lora_adapter` and `/v1/load_lora_adapter`
+//! `{lora_name, lora_path}` open a backend serving the base with the adapter applied
+//! unmerged, under `lora_name`; SGLang's `/generate` names it in `lora_path`, the OpenAI
+//! routes in `model`; `/unload_lora_adapter` and `/v1/unload_lora_adapter` drop it. Adapter
+//! directories are subject to the same [`WeightsAccess`] as checkpoints. Pause, resume and
+//! abort reach the base and every adapter.
+//!
 //! Wire types live only in this module and in `crate::http`; the rest of the crate speaks
 //! [`GenRequest`]/[`GenOutput`].
 
@@ -106,6 +113,18 @@ impl Default for ServerConfig {
     }
 }
 
+/// Opens backends serving the base model with a PEFT LoRA adapter applied (for
+/// `rollflash serve`: an engine on [`crate::adapted_model`] of its weights).
+#[async_trait::async_trait]
+pub trait AdapterHost: Send + Sync {
+    /// A backend serving the adapter in `dir`, its tokens labelled `version`.
+    async fn open(
+        &self,
+        dir: &Path,
+        version: PolicyVersion,
+    ) -> Result<Arc<dyn Backend>, BackendError>;
+}
+
 /// Everything the server serves: the backend, the text side of the model, and the settings.
 pub struct ServerState {
     /// Generates; the server only translates wire formats in front of it.
@@ -116,6 +135,8 @@ pub struct ServerState {
     /// Renders `/v1/chat/completions` messages; without one that route answers 400.
     pub chat_template: Option<ChatTemplate>,
     pub config: ServerConfig,
+    /// Serves LoRA adapters loaded at run time; without one the adapter routes answer 400.
+    pub adapters: Option<Arc<dyn AdapterHost>>,
 }
 
 /// Why the server could not start or stopped with an error.
@@ -167,6 +188,8 @@ pub async fn serve(
     let (abort_tx, abort_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         backend: Arc::clone(&state.backend),
+        adapter_host: state.adapters,
+        adapters: Mutex::new(HashMap::new()),
         tokenizer: state.tokenizer,
         chat_template: state.chat_template,
         weights_root,
@@ -179,7 +202,7 @@ pub async fn serve(
             .map_or(0, |d| d.as_secs()),
         cfg,
     });
-    let aborter = tokio::spawn(forward_aborts(Arc::clone(&state.backend), abort_rx));
+    let aborter = tokio::spawn(forward_aborts(Arc::clone(&shared), abort_rx));
     let app = router(Arc::clone(&shared));
     let on_shutdown = {
         let shared = Arc::clone(&shared);
@@ -203,10 +226,17 @@ pub async fn serve(
 
 /// Forwards aborts of generations whose HTTP request went away (client disconnect, shutdown)
 /// to the backend. `Drop` cannot await, so guards send here instead.
-async fn forward_aborts(backend: Arc<dyn Backend>, mut rx: mpsc::UnboundedReceiver<RequestId>) {
+async fn forward_aborts(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<RequestId>) {
+    // Holds the state only through a weak reference: the router going away must still end
+    // this task (the channel closes once the last `Shared` is dropped).
+    let weak = Arc::downgrade(&shared);
+    drop(shared);
     while let Some(id) = rx.recv().await {
-        if let Err(e) = backend.abort(id).await {
-            tracing::warn!(%id, "abort of an abandoned request failed: {}", error_chain(&e));
+        let Some(shared) = weak.upgrade() else { break };
+        for backend in shared.all_backends() {
+            if let Err(e) = backend.abort(id).await {
+                tracing::warn!(%id, "abort of an abandoned request failed: {}", error_chain(&e));
+            }
         }
     }
 }
@@ -231,6 +261,10 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/get_model_info", get(sglang::get_model_info))
         .route("/get_server_info", get(sglang::get_server_info))
         .route("/get_weight_version", get(sglang::get_weight_version))
+        .route("/load_lora_adapter", post(sglang::load_lora_adapter))
+        .route("/unload_lora_adapter", post(sglang::unload_lora_adapter))
+        .route("/v1/load_lora_adapter", post(openai::load_lora_adapter))
+        .route("/v1/unload_lora_adapter", post(openai::unload_lora_adapter))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))
@@ -247,9 +281,15 @@ fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
+/// Loaded adapters by name: their directory and the backend serving them.
+type AdapterMap = HashMap<String, (PathBuf, Arc<dyn Backend>)>;
+
 /// State shared by all handlers.
 pub(crate) struct Shared {
     pub(crate) backend: Arc<dyn Backend>,
+    adapter_host: Option<Arc<dyn AdapterHost>>,
+    /// Loaded adapters by name: their directory and the backend serving them.
+    adapters: Mutex<AdapterMap>,
     pub(crate) tokenizer: Option<Tokenizer>,
     pub(crate) chat_template: Option<ChatTemplate>,
     pub(crate) cfg: ServerConfig,
@@ -297,6 +337,105 @@ impl Shared {
         }
     }
 
+    fn adapter_map(&self) -> MutexGuard<'_, AdapterMap> {
+        self.adapters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The base backend and every adapter's: what pause, resume and abort reach.
+    pub(crate) fn all_backends(&self) -> Vec<Arc<dyn Backend>> {
+        let mut all = vec![Arc::clone(&self.backend)];
+        all.extend(self.adapter_map().values().map(|(_, b)| Arc::clone(b)));
+        all
+    }
+
+    /// The backend a request naming `adapter` runs on (the base for `None`); 404 naming the
+    /// loaded ones for an unknown name.
+    pub(crate) fn backend_for(&self, adapter: Option<&str>) -> Result<Arc<dyn Backend>, ApiError> {
+        let Some(name) = adapter else {
+            return Ok(Arc::clone(&self.backend));
+        };
+        let map = self.adapter_map();
+        match map.get(name) {
+            Some((_, b)) => Ok(Arc::clone(b)),
+            None => {
+                let mut names: Vec<&String> = map.keys().collect();
+                names.sort();
+                Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!("no adapter `{name}` is loaded (loaded: {names:?})"),
+                ))
+            }
+        }
+    }
+
+    /// Whether `name` is a loaded adapter.
+    pub(crate) fn has_adapter(&self, name: &str) -> bool {
+        self.adapter_map().contains_key(name)
+    }
+
+    /// The loaded adapters' names and directories.
+    pub(crate) fn adapter_list(&self) -> Vec<(String, PathBuf)> {
+        let mut v: Vec<(String, PathBuf)> = self
+            .adapter_map()
+            .iter()
+            .map(|(n, (p, _))| (n.clone(), p.clone()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Opens the adapter in `path` (checked against [`WeightsAccess`]) under `name`,
+    /// replacing one of that name. `version` labels its tokens (default: the base's).
+    pub(crate) async fn load_adapter(
+        &self,
+        name: &str,
+        path: &str,
+        version: Option<PolicyVersion>,
+    ) -> Result<(), ApiError> {
+        let host = self
+            .adapter_host
+            .as_ref()
+            .ok_or_else(|| ApiError::bad_request("this server does not serve LoRA adapters"))?;
+        if name.is_empty() || name == self.cfg.model_name {
+            return Err(ApiError::bad_request(format!(
+                "lora_name must be non-empty and not the base model's name; got {name:?}"
+            )));
+        }
+        let dir = self.resolve_weights_dir(path)?;
+        let version = match version {
+            Some(v) => v,
+            None => self
+                .backend
+                .load()
+                .await
+                .map(|l| l.version)
+                .unwrap_or_default(),
+        };
+        tracing::info!(adapter = name, dir = %dir.display(), %version, "loading LoRA adapter");
+        let backend = host.open(&dir, version).await.map_err(|e| {
+            // An adapter that does not load is the request's fault, not the server's.
+            let mut err = ApiError::from_backend(&e);
+            if matches!(e, BackendError::Engine(_)) {
+                err.status = StatusCode::BAD_REQUEST;
+            }
+            err
+        })?;
+        self.adapter_map().insert(name.to_string(), (dir, backend));
+        Ok(())
+    }
+
+    /// Drops the adapter `name`; 404 when none of that name is loaded. Requests running on
+    /// it finish (the backend lives while they hold it).
+    pub(crate) fn unload_adapter(&self, name: &str) -> Result<(), ApiError> {
+        match self.adapter_map().remove(name) {
+            Some(_) => Ok(()),
+            None => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no adapter `{name}` is loaded"),
+            )),
+        }
+    }
+
     /// The server id of a client `rid` in flight.
     pub(crate) fn lookup_rid(&self, rid: &str) -> Option<RequestId> {
         self.inflight().rids.get(rid).copied()
@@ -320,8 +459,9 @@ impl Shared {
         params: SamplingParams,
         rid: Option<String>,
         resumed_len: usize,
+        adapter: Option<&str>,
     ) -> Result<GenOutput, ApiError> {
-        self.generate_watched(input_ids, params, rid, resumed_len, None)
+        self.generate_watched(input_ids, params, rid, resumed_len, adapter, None)
             .await
     }
 
@@ -333,8 +473,10 @@ impl Shared {
         mut params: SamplingParams,
         rid: Option<String>,
         resumed_len: usize,
+        adapter: Option<&str>,
         watch: Option<Watch>,
     ) -> Result<GenOutput, ApiError> {
+        let backend = self.backend_for(adapter)?;
         if resumed_len >= input_ids.len() && resumed_len > 0 {
             return Err(ApiError::bad_request(format!(
                 "rollflash_resumed_len ({resumed_len}) must be smaller than the number of input ids ({})",
@@ -366,14 +508,14 @@ impl Shared {
         };
         tracing::debug!(%id, prompt_len = req.prompt.len(), resumed_len, "generate");
         let result = match watch {
-            None => self.backend.generate(req).await,
+            None => backend.generate(req).await,
             Some(w) => {
-                let call = self.backend.generate_stream(req, w.tokens);
+                let call = backend.generate_stream(req, w.tokens);
                 tokio::pin!(call);
                 tokio::select! {
                     r = call.as_mut() => r,
                     _ = w.stop.notified() => {
-                        if let Err(e) = self.backend.abort(id).await {
+                        if let Err(e) = backend.abort(id).await {
                             tracing::warn!(%id, "abort after a stop string failed: {}", error_chain(&e));
                         }
                         call.await

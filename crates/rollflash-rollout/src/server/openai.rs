@@ -154,6 +154,8 @@ struct Plan {
     return_token_ids: bool,
     resumed_len: usize,
     include_usage: bool,
+    /// The LoRA adapter the request's `model` names, if it names one.
+    adapter: Option<String>,
 }
 
 /// A finished choice.
@@ -170,7 +172,7 @@ pub(crate) async fn completions(
     State(shared): State<Arc<Shared>>,
     JsonBody(body): JsonBody<CompletionBody>,
 ) -> Result<Response, ApiError> {
-    check_common(&shared, body.model.as_deref(), &body.extra)?;
+    let adapter = check_common(&shared, body.model.as_deref(), &body.extra)?;
     let prompts: Vec<Vec<u32>> = match body.prompt {
         Prompt::Text(t) => vec![shared.encode(&t, true)?],
         Prompt::Tokens(ids) => vec![ids],
@@ -226,6 +228,7 @@ pub(crate) async fn completions(
             .stream_options
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
+        adapter,
     };
     respond(shared, plan, body.stream).await
 }
@@ -305,7 +308,7 @@ pub(crate) async fn chat_completions(
     State(shared): State<Arc<Shared>>,
     JsonBody(body): JsonBody<ChatBody>,
 ) -> Result<Response, ApiError> {
-    check_common(&shared, body.model.as_deref(), &body.extra)?;
+    let adapter = check_common(&shared, body.model.as_deref(), &body.extra)?;
     if body.top_logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
         return Err(ApiError::bad_request(format!(
             "top_logprobs must be between 0 and {MAX_LOGPROBS}"
@@ -390,6 +393,7 @@ pub(crate) async fn chat_completions(
             .stream_options
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
+        adapter,
     };
     respond(shared, plan, body.stream).await
 }
@@ -542,7 +546,13 @@ async fn run_choice(
         }
     } else if tx.is_none() && plan.stops.is_empty() {
         shared
-            .generate(prompt.clone(), job.params.clone(), None, plan.resumed_len)
+            .generate(
+                prompt.clone(),
+                job.params.clone(),
+                None,
+                plan.resumed_len,
+                plan.adapter.as_deref(),
+            )
             .await?
     } else {
         let (tok_tx, mut tok_rx) = mpsc::unbounded_channel::<Generated>();
@@ -556,6 +566,7 @@ async fn run_choice(
             job.params.clone(),
             None,
             plan.resumed_len,
+            plan.adapter.as_deref(),
             Some(watch),
         );
         let emitter = &mut emitter;
@@ -928,17 +939,65 @@ fn usage(plan: &Plan, outs: &[Done]) -> Value {
     })
 }
 
-/// `GET /v1/models`: the one model served.
+/// `GET /v1/models`: the base model, then each loaded adapter (`parent`: the base), as
+/// vLLM lists them.
 pub(crate) async fn models(State(shared): State<Arc<Shared>>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": shared.cfg.model_name,
+    let mut data = vec![json!({
+        "id": shared.cfg.model_name,
+        "object": "model",
+        "created": shared.created,
+        "owned_by": "rollflash",
+        "parent": Value::Null,
+    })];
+    for (name, dir) in shared.adapter_list() {
+        data.push(json!({
+            "id": name,
             "object": "model",
             "created": shared.created,
             "owned_by": "rollflash",
-        }],
-    }))
+            "root": dir.to_string_lossy(),
+            "parent": shared.cfg.model_name,
+        }));
+    }
+    Json(json!({ "object": "list", "data": data }))
+}
+
+/// `POST /v1/load_lora_adapter` body (vLLM's).
+#[derive(Debug, Deserialize)]
+pub(crate) struct LoadLoraBody {
+    lora_name: String,
+    lora_path: String,
+}
+
+/// `POST /v1/unload_lora_adapter` body (vLLM's; `lora_int_id` is not used here).
+#[derive(Debug, Deserialize)]
+pub(crate) struct UnloadLoraBody {
+    lora_name: String,
+}
+
+/// vLLM answers the adapter routes with plain text on success.
+pub(crate) async fn load_lora_adapter(
+    State(shared): State<Arc<Shared>>,
+    JsonBody(body): JsonBody<LoadLoraBody>,
+) -> Result<String, ApiError> {
+    shared
+        .load_adapter(&body.lora_name, &body.lora_path, None)
+        .await?;
+    Ok(format!(
+        "Success: LoRA adapter '{}' added successfully.",
+        body.lora_name
+    ))
+}
+
+pub(crate) async fn unload_lora_adapter(
+    State(shared): State<Arc<Shared>>,
+    JsonBody(body): JsonBody<UnloadLoraBody>,
+) -> Result<String, ApiError> {
+    shared.unload_adapter(&body.lora_name)?;
+    Ok(format!(
+        "Success: LoRA adapter '{}' removed successfully.",
+        body.lora_name
+    ))
 }
 
 /// Checks shared by both routes: the model name, no unsupported sampling.
@@ -946,9 +1005,13 @@ fn check_common(
     shared: &Shared,
     model: Option<&str>,
     extra: &Map<String, Value>,
-) -> Result<(), ApiError> {
+) -> Result<Option<String>, ApiError> {
+    let mut adapter = None;
     if let Some(m) = model {
-        if m != shared.cfg.model_name {
+        if shared.has_adapter(m) {
+            // vLLM's way: a loaded adapter is requested by its name as the model.
+            adapter = Some(m.to_string());
+        } else if m != shared.cfg.model_name {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!(
@@ -961,7 +1024,8 @@ fn check_common(
     // `n` is handled by the routes; the list's entry for it is for SGLang's sampling_params.
     let mut extra = extra.clone();
     extra.remove("n");
-    reject_unsupported(&extra, "")
+    reject_unsupported(&extra, "")?;
+    Ok(adapter)
 }
 
 /// `n` within a sane bound: each choice is a full generation.

@@ -7,6 +7,10 @@
 //! always present, `/get_model_info` adds `vocab_size` and `eos_token_ids`, and a request may
 //! say `rollflash_resumed_len` to mark the tail of
 //! `input_ids` as output of an earlier, aborted attempt.
+//!
+//! LoRA: `/load_lora_adapter {lora_name, lora_path}` (plus our `rollflash_weight_version`,
+//! the version its tokens are labelled with) answers SGLang's `{success, error_message,
+//! loaded_adapters}`; `/generate`'s `lora_path` names a loaded adapter.
 
 use std::sync::Arc;
 
@@ -43,6 +47,10 @@ pub(crate) struct GenerateBody {
     /// Our extension: the last this-many `input_ids` are output of an earlier attempt.
     #[serde(default)]
     rollflash_resumed_len: usize,
+    /// The name of a loaded LoRA adapter to generate with (SGLang also takes a path here;
+    /// this server takes loaded names only).
+    #[serde(default)]
+    lora_path: Option<String>,
 }
 
 /// SGLang's `sampling_params`, the part this server implements. `sampling_seed` is SGLang's
@@ -120,7 +128,13 @@ pub(crate) async fn generate(
     let rid = body.rid.clone();
     let t0 = std::time::Instant::now();
     let out = shared
-        .generate(input_ids, params, rid.clone(), body.rollflash_resumed_len)
+        .generate(
+            input_ids,
+            params,
+            rid.clone(),
+            body.rollflash_resumed_len,
+            body.lora_path.as_deref(),
+        )
         .await?;
     let text = shared.decode(&out.output.tokens)?;
     let finish_reason = match out.finish_reason {
@@ -200,11 +214,12 @@ pub(crate) async fn pause_generation(
             )))
         }
     };
-    shared
-        .backend
-        .pause(mode)
-        .await
-        .map_err(|e| ApiError::from_backend(&e))?;
+    for backend in shared.all_backends() {
+        backend
+            .pause(mode)
+            .await
+            .map_err(|e| ApiError::from_backend(&e))?;
+    }
     Ok(Json(
         json!({ "message": "Generation paused successfully." }),
     ))
@@ -213,11 +228,12 @@ pub(crate) async fn pause_generation(
 pub(crate) async fn continue_generation(
     State(shared): State<Arc<Shared>>,
 ) -> Result<Json<Value>, ApiError> {
-    shared
-        .backend
-        .resume()
-        .await
-        .map_err(|e| ApiError::from_backend(&e))?;
+    for backend in shared.all_backends() {
+        backend
+            .resume()
+            .await
+            .map_err(|e| ApiError::from_backend(&e))?;
+    }
     Ok(Json(
         json!({ "message": "Generation continued successfully." }),
     ))
@@ -245,12 +261,13 @@ pub(crate) async fn abort_request(
             .ok_or_else(|| ApiError::bad_request("give `rid` or `abort_all: true`"))?;
         shared.lookup_rid(&rid).into_iter().collect()
     };
-    for id in &ids {
-        shared
-            .backend
-            .abort(*id)
-            .await
-            .map_err(|e| ApiError::from_backend(&e))?;
+    for backend in shared.all_backends() {
+        for id in &ids {
+            backend
+                .abort(*id)
+                .await
+                .map_err(|e| ApiError::from_backend(&e))?;
+        }
     }
     Ok(Json(json!({ "aborted": ids.len() })))
 }
@@ -337,6 +354,76 @@ async fn update_weights(
         err
     })?;
     Ok((version, path))
+}
+
+/// `POST /load_lora_adapter` body (SGLang's `LoadLoRAAdapterReqInput`).
+#[derive(Debug, Deserialize)]
+pub(crate) struct LoadLoraBody {
+    lora_name: String,
+    lora_path: String,
+    /// Our extension: the policy version the adapter's tokens are labelled with.
+    #[serde(default)]
+    rollflash_weight_version: Option<Value>,
+}
+
+/// `POST /unload_lora_adapter` body.
+#[derive(Debug, Deserialize)]
+pub(crate) struct UnloadLoraBody {
+    lora_name: String,
+}
+
+/// SGLang's answer to the adapter routes: `{success, error_message, loaded_adapters}`, with
+/// our `error` object too on failure.
+fn lora_answer(shared: &Shared, result: Result<(), ApiError>) -> Response {
+    let loaded: Map<String, Value> = shared
+        .adapter_list()
+        .into_iter()
+        .map(|(n, p)| (n, json!(p.to_string_lossy())))
+        .collect();
+    match result {
+        Ok(()) => Json(json!({
+            "success": true,
+            "error_message": "",
+            "loaded_adapters": loaded,
+        }))
+        .into_response(),
+        Err(e) => {
+            let mut body = e.body();
+            body.insert("success".into(), json!(false));
+            body.insert("error_message".into(), json!(e.message));
+            body.insert("loaded_adapters".into(), Value::Object(loaded));
+            (e.status, Json(Value::Object(body))).into_response()
+        }
+    }
+}
+
+pub(crate) async fn load_lora_adapter(
+    State(shared): State<Arc<Shared>>,
+    JsonBody(body): JsonBody<LoadLoraBody>,
+) -> Response {
+    let result = async {
+        let version = match &body.rollflash_weight_version {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(parse_version(v).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "rollflash_weight_version must be a non-negative integer, got {v}"
+                ))
+            })?),
+        };
+        shared
+            .load_adapter(&body.lora_name, &body.lora_path, version)
+            .await
+    }
+    .await;
+    lora_answer(&shared, result)
+}
+
+pub(crate) async fn unload_lora_adapter(
+    State(shared): State<Arc<Shared>>,
+    JsonBody(body): JsonBody<UnloadLoraBody>,
+) -> Response {
+    let result = shared.unload_adapter(&body.lora_name);
+    lora_answer(&shared, result)
 }
 
 /// A version as SGLang (string) or a program (integer) sends it.

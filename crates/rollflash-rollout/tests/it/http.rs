@@ -74,6 +74,15 @@ pub(crate) async fn start_test_server(backend: Arc<dyn Backend>) -> TestServer {
 
 /// Like [`start_test_server`], with `cfg` (its `eos_token_ids` replaced by the built-in `<eos>`).
 pub(crate) async fn start_server_with(backend: Arc<dyn Backend>, cfg: ServerConfig) -> TestServer {
+    start_server_with_adapters(backend, cfg, None).await
+}
+
+/// Like [`start_server_with`], serving LoRA adapters through `adapters`.
+pub(crate) async fn start_server_with_adapters(
+    backend: Arc<dyn Backend>,
+    cfg: ServerConfig,
+    adapters: Option<Arc<dyn rollflash_rollout::AdapterHost>>,
+) -> TestServer {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let state = ServerState {
@@ -84,6 +93,7 @@ pub(crate) async fn start_server_with(backend: Arc<dyn Backend>, cfg: ServerConf
             eos_token_ids: vec![EOS],
             ..cfg
         },
+        adapters,
     };
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(serve(listener, state, async move {

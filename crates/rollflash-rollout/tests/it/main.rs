@@ -11,6 +11,7 @@ mod env_manager;
 mod faults;
 mod fuzz_http;
 mod http;
+mod lora;
 mod paths;
 mod proxy;
 mod publish;

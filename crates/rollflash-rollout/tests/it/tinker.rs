@@ -13,12 +13,18 @@
 //! `Unavailable` naming the URL, within the client's bounded retries; after a restart on the
 //! same port and database, a new backend samples again, and the trained weights come back
 //! once a trainer reloads the model's saved state (SkyRL keeps models in its engine's memory).
+//! And the server's exported adapter (`TinkerAdapters` + `DiskWeights::tinker`) on an
+//! embedded engine over the same base: the probe against the server passes and the engine
+//! answers as the server taught; over another base the probe fails.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rollflash_core::{GenRequest, PolicyVersion, RequestId, SamplingParams};
-use rollflash_rollout::{Backend, BackendError, TinkerBackend, TinkerBackendConfig, WeightUpdate};
+use rollflash_rollout::{
+    Backend, BackendError, DiskWeights, EngineBackend, EngineBackendConfig, PauseMode,
+    TinkerAdapters, TinkerBackend, TinkerBackendConfig, WeightUpdate,
+};
 use rollflash_tinker::{
     AdamParams, ClientConfig, Datum, LocalServer, LocalServerError, LoraConfig, RetryPolicy,
     TinkerClient,
@@ -209,6 +215,81 @@ async fn checks(server: &mut LocalServer, t0: Instant) {
     assert_eq!(taught.output.tokens, vec![TAUGHT as u32; 4]);
     drop(backend);
     lap("conformance suite");
+
+    // The adapter the server exports, on an embedded engine over the same base model: one
+    // download for two backends, the probe against the server passes, and the engine
+    // answers PROMPT with what the server taught. An engine over another base fails the
+    // probe, naming why.
+    let root = tempfile::tempdir().unwrap();
+    let adapters = Arc::new(TinkerAdapters::new(
+        trainer(server),
+        root.path().to_path_buf(),
+        2,
+        vocab,
+    ));
+    let base = rollflash_model::hf::load_dir(
+        server.model_dir(),
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap()
+    .model;
+    let engine = |name: &str, model: rollflash_model::model::Transformer| {
+        let e = EngineBackend::start(
+            Arc::new(model),
+            PolicyVersion(0),
+            EngineBackendConfig {
+                name: name.into(),
+                engine: Default::default(),
+            },
+        )
+        .unwrap();
+        DiskWeights::tinker(Arc::new(e), Arc::clone(&adapters))
+    };
+    let same = rollflash_model::model::Transformer::from_weights(
+        base.config(),
+        &base.weights(),
+        base.dtype(),
+        base.device(),
+    )
+    .unwrap();
+    let embedded = engine("embedded", same);
+    // As the proxy does around a sync: the route leaves the backend paused after its probe.
+    embedded.pause(PauseMode::Abort).await.unwrap();
+    embedded.update_weights(&v1).await.unwrap();
+    embedded.resume().await.unwrap();
+    let taught = embedded
+        .generate(req(3100, &PROMPT, SamplingParams::greedy(4)))
+        .await
+        .unwrap();
+    assert_eq!(taught.output.tokens, vec![TAUGHT as u32; 4]);
+    assert_eq!(taught.output.versions, vec![PolicyVersion(1); 4]);
+    let unpacked = adapters.fetch(&uri, PolicyVersion(1)).await.unwrap();
+    assert!(unpacked.join("adapter_model.safetensors").is_file());
+    let mut w = base.weights();
+    let norm = w
+        .get(
+            "model.norm.weight",
+            &[base.config().hidden_size],
+            candle_core::DType::F32,
+        )
+        .unwrap();
+    w.insert("model.norm.weight", (norm * 1.5).unwrap());
+    let other = rollflash_model::model::Transformer::from_weights(
+        base.config(),
+        &w,
+        base.dtype(),
+        base.device(),
+    )
+    .unwrap();
+    let e = engine("other-base", other)
+        .update_weights(&v1)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("failed its probe"), "{e}");
+    lap(&format!(
+        "the exported adapter on an embedded engine; another base: {e}"
+    ));
 
     // A request submitted before an update finishes on the old session, with its version.
     let b = Arc::new(TinkerBackend::connect(cfg(server, vocab)).await.unwrap());

@@ -3,5 +3,6 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod python_reward;
 mod shutdown;
 mod stop_tokens;

@@ -100,7 +100,7 @@ async fn an_error_in_training_stops_engines_proxy_and_endpoint() {
     // `metrics.jsonl` cannot be created: a directory has its name.
     std::fs::create_dir_all(dir.path().join("metrics.jsonl")).unwrap();
     let (err, addr) = failing_run(config(dir.path(), &[]), None).await;
-    assert!(matches!(err, PipelineError::Metrics(_)), "{err}");
+    assert!(matches!(err, PipelineError::Io(_)), "{err}");
     assert_all_stopped("training", addr).await;
 }
 

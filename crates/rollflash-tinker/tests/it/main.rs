@@ -6,5 +6,6 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod archive;
 mod mock;
 mod real;

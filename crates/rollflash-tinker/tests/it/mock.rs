@@ -90,12 +90,32 @@ async fn long_poll_timeouts_and_try_again_are_polled_through() {
         (200, RESULT),
     ])
     .await;
-    let m = client(&url)
+    let c = client(&url);
+    let m = c
         .optim_step("m", 1, AdamParams::with_lr(1e-3))
         .await
         .unwrap();
     assert_eq!(m["skyrl.ai/grad_norm"], 2.5);
     assert_eq!(*script.polls.lock().unwrap(), 5);
+    // The traffic counts every round trip (the submission and five polls), the bytes of
+    // the answers, and the two backoffs (after the try_again and the 503: 5 ms, then 5 ms,
+    // since the try_again reset the failure count).
+    let t = c.traffic();
+    assert_eq!(t.requests, 6, "{t:?}");
+    let answers = [
+        r#"{"future_id":"7","status":"pending","request_id":"7"}"#.len(),
+        2 * r#"{"detail":"Timeout waiting for result"}"#.len(),
+        r#"{"type":"try_again","request_id":"7","queue_state":"active"}"#.len(),
+        "busy".len(),
+        RESULT.len(),
+    ];
+    assert_eq!(t.bytes_in, answers.iter().sum::<usize>() as u64, "{t:?}");
+    assert!(t.bytes_out > 0 && t.waiting > Duration::ZERO, "{t:?}");
+    assert_eq!(t.backoff, Duration::from_millis(10), "{t:?}");
+    // A clone counts into the same totals; a client counted apart does not.
+    let apart = c.counted_apart();
+    assert_eq!(apart.traffic().requests, 0);
+    assert_eq!(c.clone().traffic(), t);
 }
 
 #[tokio::test]

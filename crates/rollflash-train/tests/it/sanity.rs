@@ -4,7 +4,7 @@
 use candle_core::{DType, Device, Tensor, Var};
 use rollflash_train::{
     policy_loss, CorrectionConfig, CorrectionFilter, CorrectionLevel, IsWeightConfig, LossAgg,
-    PgVariant, PolicyLossInputs, TrainError,
+    OldPolicy, PgVariant, PolicyLossInputs, TrainError,
 };
 
 use crate::common::{assert_all_close, assert_close, cfg_with, run, run64, Data};
@@ -260,6 +260,116 @@ fn decoupled_ppo_with_behaviour_equal_to_old_is_ppo() {
         assert_all_close(&a.grad, &b.grad, TOL, 0.0, "grad");
         assert_eq!(a.metrics.decoupled_cap_frac, 0.0);
     }
+}
+
+#[test]
+fn behaviour_as_old_policy_is_the_proximal_loss_fed_the_behaviour_log_probs() {
+    let data = varied(&[3, 4, 2]);
+    let mut fed = data.clone();
+    fed.old_logp = data.behav_logp.clone();
+    for variant in ALL_VARIANTS {
+        if variant == PgVariant::DecoupledPpo {
+            continue; // refused with `behaviour` (its weight would be 1)
+        }
+        for agg in ALL_AGGS {
+            let set = |old_policy| {
+                cfg_with(|c| {
+                    c.pg_variant = variant;
+                    c.loss_agg = agg;
+                    c.old_policy = old_policy;
+                    c.dual_clip = Some(2.5);
+                })
+            };
+            let (a, b) = (
+                run64(&data, &set(OldPolicy::Behaviour)),
+                run64(&fed, &set(OldPolicy::Proximal)),
+            );
+            assert_close(
+                a.loss,
+                b.loss,
+                TOL,
+                0.0,
+                &format!("{variant:?} {agg:?} loss"),
+            );
+            assert_all_close(&a.grad, &b.grad, TOL, 0.0, &format!("{variant:?} grad"));
+        }
+    }
+}
+
+/// Tinker's built-in `ppo` and `cispo` as SkyRL 0.4.0 defines them
+/// (`skyrl/tinker/loss_fns.py`: `ρ = exp(target − sampling log-probs)`; ppo
+/// `−min(ρ·A, clip(ρ, lo, hi)·A)`, cispo `−sg(clip(ρ, lo, hi))·logπ·A`), reduced as its
+/// backend reduces them (each sequence's sum over its weighted tokens divided by their
+/// number, then the mean over sequences), with their gradients worked out by hand in f64.
+fn tinker_builtin(data: &Data, cispo: bool, lo: f64, hi: f64) -> (f64, Vec<f64>) {
+    let n = data.logp.len();
+    let mut bounds = data.seq_offsets.clone();
+    bounds.push(n);
+    let seqs = data.seq_offsets.len() as f64;
+    let (mut loss, mut grad) = (0.0, vec![0.0; n]);
+    for w in bounds.windows(2) {
+        let n_i: f64 = data.mask[w[0]..w[1]].iter().sum();
+        #[allow(clippy::needless_range_loop)] // five parallel arrays, one index
+        for t in w[0]..w[1] {
+            if data.mask[t] == 0.0 {
+                continue;
+            }
+            let (lp, a) = (data.logp[t], data.adv[t]);
+            let rho = (lp - data.behav_logp[t]).exp();
+            let clipped = rho.clamp(lo, hi);
+            let (l, g) = if cispo {
+                (-clipped * lp * a, -clipped * a)
+            } else if rho * a <= clipped * a {
+                (-rho * a, -rho * a) // the unclipped branch: d(ρ)/d(logπ) = ρ
+            } else {
+                (-clipped * a, if clipped == rho { -rho * a } else { 0.0 })
+            };
+            loss += l / n_i / seqs;
+            grad[t] = g / n_i / seqs;
+        }
+    }
+    (loss, grad)
+}
+
+#[test]
+fn behaviour_ppo_and_cispo_equal_tinkers_builtin_losses() {
+    let mut data = varied(&[3, 4, 2, 5]);
+    // Ratios against the behaviour policy both inside and outside [0.8, 1.2].
+    for (t, b) in data.behav_logp.iter_mut().enumerate() {
+        *b = data.logp[t] + 0.35 * (1.1 * t as f64).sin();
+    }
+    data.mask[4] = 0.0;
+    for (variant, cispo) in [(PgVariant::Ppo, false), (PgVariant::Cispo, true)] {
+        let cfg = cfg_with(|c| {
+            c.pg_variant = variant;
+            c.old_policy = OldPolicy::Behaviour;
+            c.clip_low = 0.2;
+            c.clip_high = 0.28;
+            c.cispo_clip_low = 0.2;
+            c.cispo_clip_high = 0.28;
+        });
+        let ours = run64(&data, &cfg);
+        let (loss, grad) = tinker_builtin(&data, cispo, 0.8, 1.28);
+        assert_close(ours.loss, loss, TOL, 0.0, &format!("{variant:?} loss"));
+        assert_all_close(&ours.grad, &grad, TOL, 0.0, &format!("{variant:?} grad"));
+        assert!(ours.metrics.clip_frac > 0.0, "some ratios must be clipped");
+    }
+}
+
+#[test]
+fn behaviour_as_old_policy_refuses_settings_that_would_do_nothing() {
+    let dec = cfg_with(|c| {
+        c.pg_variant = PgVariant::DecoupledPpo;
+        c.old_policy = OldPolicy::Behaviour;
+    });
+    let e = dec.validate().unwrap_err().to_string();
+    assert!(e.contains("old_policy"), "{e}");
+    let corr = cfg_with(|c| {
+        c.old_policy = OldPolicy::Behaviour;
+        c.correction.is_weight = Some(IsWeightConfig::default());
+    });
+    let e = corr.validate().unwrap_err().to_string();
+    assert!(e.contains("correction"), "{e}");
 }
 
 #[test]

@@ -1,12 +1,12 @@
 //! The Tinker learner's loss paths, without a server: which of our losses take the server's
-//! built-in `importance_sampling`, and the custom path's surrogate, whose gradient under
+//! built-in `importance_sampling`, `ppo` or `cispo`, and the custom path's surrogate, whose gradient under
 //! SkyRL's reduction (`skyrl/backends/jax.py`: each sequence's loss summed over its weighted
 //! tokens and divided by their count, then averaged over the datums) is ours.
 
 use candle_core::{Device, Tensor, Var};
 use rollflash_core::buffer::{Batch, BatchGroup, GroupKey};
 use rollflash_core::{PolicyVersion, Trajectory};
-use rollflash_train::loss::{LossConfig, PgVariant};
+use rollflash_train::loss::{LossConfig, OldPolicy, PgVariant};
 use rollflash_train::LossAgg;
 use rollflash_trainer::tinker::surrogate_advantages;
 use rollflash_trainer::{PackedBatch, TinkerLossPath};
@@ -65,6 +65,60 @@ fn decoupled_ppo_without_extras_takes_the_builtin_path_the_rest_the_custom_one()
     assert!(TinkerLossPath::of(&entropy)
         .unwrap_err()
         .contains("entropy_coef"));
+}
+
+#[test]
+fn ppo_and_cispo_against_the_behaviour_policy_take_the_servers_ppo_and_cispo() {
+    // The server's ratio is against the sampling log-probs: only `old_policy = "behaviour"`
+    // is its loss; against the proximal policy the ratio is 1 at the step's start.
+    let ppo = LossConfig {
+        pg_variant: PgVariant::Ppo,
+        old_policy: OldPolicy::Behaviour,
+        clip_low: 0.2,
+        clip_high: 0.28,
+        ..Default::default()
+    };
+    assert_eq!(
+        TinkerLossPath::of(&ppo),
+        Ok(TinkerLossPath::BuiltinPpo {
+            clip_low_threshold: 0.8,
+            clip_high_threshold: 1.28
+        })
+    );
+    let proximal = LossConfig {
+        old_policy: OldPolicy::Proximal,
+        ..ppo.clone()
+    };
+    assert_eq!(TinkerLossPath::of(&proximal), Ok(TinkerLossPath::Custom));
+    // The server's ppo has no dual clip, and reduces seq-mean-token-mean only.
+    let dual = LossConfig {
+        dual_clip: Some(3.0),
+        ..ppo.clone()
+    };
+    assert_eq!(TinkerLossPath::of(&dual), Ok(TinkerLossPath::Custom));
+    let token_sum = LossConfig {
+        loss_agg: LossAgg::SeqMeanTokenSum,
+        ..ppo.clone()
+    };
+    assert_eq!(TinkerLossPath::of(&token_sum), Ok(TinkerLossPath::Custom));
+    let cispo = LossConfig {
+        pg_variant: PgVariant::Cispo,
+        cispo_clip_low: 0.5,
+        cispo_clip_high: 0.25,
+        ..ppo
+    };
+    assert_eq!(
+        TinkerLossPath::of(&cispo),
+        Ok(TinkerLossPath::BuiltinCispo {
+            clip_low_threshold: 0.5,
+            clip_high_threshold: 1.25
+        })
+    );
+    let unified = LossConfig {
+        cispo_unified_mask: true,
+        ..cispo
+    };
+    assert_eq!(TinkerLossPath::of(&unified), Ok(TinkerLossPath::Custom));
 }
 
 /// Two groups: sequences of 3 prompt tokens and 1–4 model tokens, one with none.

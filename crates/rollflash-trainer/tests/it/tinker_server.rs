@@ -1,8 +1,12 @@
 //! The Tinker learner against a real SkyRL 0.4.0 server (`rollflash_tinker::local`; skipped,
 //! saying why, where Python 3.12 or the install is unavailable): it passes the `Learner`
-//! suite on both loss paths; on the built-in path our loss equals the server's own value of
-//! it; and the custom path's surrogate moves the adapter exactly as the built-in loss does
-//! (the same server-side gradient norm from the same start).
+//! suite on both loss paths; on the built-in paths (`importance_sampling`, `ppo`, `cispo`)
+//! our loss equals the server's own value of it; and the custom path's surrogate moves the
+//! adapter exactly as the built-in loss does (the same server-side gradient norm from the
+//! same start). And a learner set to rejoin
+//! survives its server's `kill -9` and restart in the middle of a step: it waits, loads the
+//! state it saved after the last step into a fresh model, and computes exactly the step an
+//! uninterrupted learner computes.
 
 use std::time::Duration;
 
@@ -13,7 +17,7 @@ use rollflash_model::train::OptimizerConfig;
 use rollflash_tinker::local::LocalServer;
 use rollflash_tinker::ClientConfig;
 use rollflash_train::advantage::AdvantageEstimator;
-use rollflash_train::loss::{LossConfig, PgVariant};
+use rollflash_train::loss::{LossConfig, OldPolicy, PgVariant};
 use rollflash_train::LossAgg;
 use rollflash_trainer::conformance::{check_learner, ConformanceReport};
 use rollflash_trainer::{Learner, StepStats, TinkerLearner, TinkerLearnerConfig, TinkerLossPath};
@@ -79,6 +83,7 @@ fn config(server: &LocalServer, loss: LossConfig, force_custom: bool) -> TinkerL
         shaping: Default::default(),
         heartbeat: Duration::from_secs(10),
         force_custom,
+        rejoin: None,
     }
 }
 
@@ -112,7 +117,7 @@ async fn one_step(mut l: TinkerLearner, b: Batch<Trajectory>) -> (TinkerLearner,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tinker_learner_on_a_real_server() {
-    let server = match tokio::task::spawn_blocking(LocalServer::start)
+    let mut server = match tokio::task::spawn_blocking(LocalServer::start)
         .await
         .unwrap()
     {
@@ -165,6 +170,57 @@ async fn the_tinker_learner_on_a_real_server() {
     a.close().await.unwrap();
     c.close().await.unwrap();
 
+    // PPO and CISPO against the behaviour policy are the server's own `ppo` and `cispo`:
+    // our value of the loss is the server's, and the surrogate of the same loss gives the
+    // server the same gradient. The batch's ratios straddle the clip bounds.
+    for variant in [PgVariant::Ppo, PgVariant::Cispo] {
+        let loss = LossConfig {
+            pg_variant: variant,
+            old_policy: OldPolicy::Behaviour,
+            clip_high: 0.28,
+            cispo_clip_low: 0.2,
+            cispo_clip_high: 0.2,
+            ..Default::default()
+        };
+        let a = TinkerLearner::connect(config(&server, loss.clone(), false))
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                a.loss_path(),
+                TinkerLossPath::BuiltinPpo { .. } | TinkerLossPath::BuiltinCispo { .. }
+            ),
+            "{variant:?}: {:?}",
+            a.loss_path()
+        );
+        let c = TinkerLearner::connect(config(&server, loss, true))
+            .await
+            .unwrap();
+        let (a, sa) = one_step(a, b.clone()).await;
+        let (c, sc) = one_step(c, b.clone()).await;
+        let (ours, theirs) = (sa.loss, metric(&sa, "server_loss"));
+        let (ga, gc) = (metric(&sa, "grad_norm"), metric(&sc, "grad_norm"));
+        eprintln!(
+            "{variant:?}: our loss {ours}, the server's {theirs}, clip_frac {}; grad norm \
+             built-in {ga}, through the surrogate {gc}",
+            metric(&sa, "clip_frac")
+        );
+        assert!(
+            metric(&sa, "clip_frac") > 0.0,
+            "the clip must bind somewhere"
+        );
+        assert!(
+            (ours - theirs).abs() <= 1e-4 * (1.0 + theirs.abs()),
+            "{variant:?}: ours {ours}, the server's {theirs}"
+        );
+        assert!(
+            (ga - gc).abs() <= 1e-3 * ga,
+            "{variant:?}: grad norm built-in {ga}, through the surrogate {gc}"
+        );
+        a.close().await.unwrap();
+        c.close().await.unwrap();
+    }
+
     // A loss the server does not have (PPO with AReaL's defaults, token-mean) passes the
     // suite through the surrogate.
     let ppo = LossConfig {
@@ -175,6 +231,52 @@ async fn the_tinker_learner_on_a_real_server() {
         .await
         .unwrap();
     assert_eq!(l.loss_path(), TinkerLossPath::Custom);
-    let (l, _) = suite(l, b).await;
+    let (l, _) = suite(l, b.clone()).await;
     l.close().await.unwrap();
+
+    // Rejoining: two steps uninterrupted, then the same two with the server killed and
+    // restarted between them; the second step must be the same step.
+    let b2 = Batch {
+        version: PolicyVersion(1),
+        ..b.clone()
+    };
+    let q = TinkerLearner::connect(config(&server, builtin_loss(), false))
+        .await
+        .unwrap();
+    let (q, _) = one_step(q, b.clone()).await;
+    let (q, q2) = one_step(q, b2.clone()).await;
+    q.close().await.unwrap();
+    let mut cfg = config(&server, builtin_loss(), false);
+    cfg.rejoin = Some(Duration::from_secs(600));
+    let r = TinkerLearner::connect(cfg).await.unwrap();
+    let old_model = r.model_id().to_string();
+    let (r, _) = one_step(r, b.clone()).await;
+    tokio::task::block_in_place(|| server.kill9()).unwrap();
+    // The step starts against a dead server; the server comes back while it waits.
+    let step = tokio::spawn(one_step(r, b2.clone()));
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+    let (r, r2) = step.await.unwrap();
+    assert_eq!(r.rejoins(), 1);
+    assert_ne!(
+        r.model_id(),
+        old_model,
+        "a fresh model on the restarted server"
+    );
+    eprintln!(
+        "after the restart: loss {} (uninterrupted {}), grad norm {} (uninterrupted {})",
+        r2.loss,
+        q2.loss,
+        metric(&r2, "grad_norm"),
+        metric(&q2, "grad_norm")
+    );
+    assert!((r2.loss - q2.loss).abs() <= 1e-5 * (1.0 + q2.loss.abs()));
+    let (g, gq) = (metric(&r2, "grad_norm"), metric(&q2, "grad_norm"));
+    assert!((g - gq).abs() <= 1e-3 * gq, "grad norm {g} vs {gq}");
+    r.close().await.unwrap();
+    drop(server);
 }

@@ -91,6 +91,7 @@ async fn measure(a: &BenchProxyArgs, concurrency: usize) -> Result<Level> {
             tokenizer: None,
             chat_template: None,
             config: rollflash_rollout::ServerConfig::default(),
+            adapters: None,
         };
         let task = tokio::spawn(rollflash_rollout::serve(listener, state, async move {
             let _ = stop_rx.await;

@@ -21,7 +21,7 @@ use rollflash_model::model::Transformer;
 use rollflash_model::tokenizer::Tokenizer;
 use rollflash_model::weights::Weights;
 use rollflash_rollout::{
-    EngineBackend, EngineBackendConfig, ServerConfig, ServerState, WeightsAccess,
+    EngineAdapterHost, EngineBackend, EngineBackendConfig, ServerConfig, ServerState, WeightsAccess,
 };
 
 /// Arguments of `rollflash serve`.
@@ -165,20 +165,24 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let served = load(&a)?;
     let version = PolicyVersion(a.weight_version);
     let vocab_size = served.model.config().vocab_size;
-    let backend = EngineBackend::start(
+    let engine_cfg = EngineBackendConfig {
+        name: "engine-0".into(),
+        engine: EngineConfig {
+            max_running_requests: a.max_running_requests,
+            max_prefill_tokens: a.max_prefill_tokens,
+            threads: a.threads,
+        },
+    };
+    let backend = Arc::new(EngineBackend::start(
         Arc::new(served.model),
         version,
-        EngineBackendConfig {
-            name: "engine-0".into(),
-            engine: EngineConfig {
-                max_running_requests: a.max_running_requests,
-                max_prefill_tokens: a.max_prefill_tokens,
-                threads: a.threads,
-            },
-        },
-    )?;
+        engine_cfg.clone(),
+    )?);
+    // LoRA adapters loaded at run time each get an engine on the base's weights.
+    let adapters = EngineAdapterHost::new(Arc::clone(&backend), engine_cfg);
     let state = ServerState {
-        backend: Arc::new(backend),
+        adapters: Some(Arc::new(adapters)),
+        backend,
         tokenizer: served.tokenizer,
         chat_template: served.chat_template,
         config: ServerConfig {

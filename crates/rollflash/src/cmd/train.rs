@@ -235,12 +235,17 @@ fn print_summary(summary: &rollflash_run::pipeline::TrainSummary, steps_total: u
             "interrupted after {} of {} steps: rollout in flight was aborted (counted above), the running step was published",
             r.cursor.steps_done, steps_total
         );
-        println!(
-            "checkpoint: {} (continue with the same config and `--resume`)",
-            summary.checkpoint.display()
-        );
+        if let Some(c) = &summary.checkpoint {
+            println!(
+                "checkpoint: {} (continue with the same config and `--resume`)",
+                c.display()
+            );
+        }
     } else {
-        println!("checkpoint: {}", summary.checkpoint.display());
+        match &summary.checkpoint {
+            Some(c) => println!("checkpoint: {}", c.display()),
+            None => println!("checkpoint: none (checkpoint.final = false)"),
+        }
     }
 }
 

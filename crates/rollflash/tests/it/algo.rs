@@ -11,7 +11,7 @@ use rollflash_train::{AdvantageEstimator, LossAgg, PgVariant};
 
 fn load(sets: &[&str]) -> Result<TrainConfig, String> {
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    TrainConfig::load(None, &sets).map_err(|e| e.to_string())
+    TrainConfig::load(None, &sets).map_err(|e| rollflash_core::error_chain(&e))
 }
 
 #[test]

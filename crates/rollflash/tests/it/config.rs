@@ -3,9 +3,11 @@
 
 use rollflash_run::config::TrainConfig;
 
+use crate::ChainText;
+
 fn load(sets: &[&str]) -> Result<TrainConfig, String> {
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    TrainConfig::load(None, &sets).map_err(|e| e.to_string())
+    TrainConfig::load(None, &sets).map_err(|e| rollflash_core::error_chain(&e))
 }
 
 #[test]
@@ -77,7 +79,7 @@ fn errors_name_the_field() {
 fn a_missing_config_file_is_named() {
     let e = TrainConfig::load(Some(std::path::Path::new("/nonexistent/c.toml")), &[])
         .unwrap_err()
-        .to_string();
+        .chain_text();
     assert!(e.contains("/nonexistent/c.toml"), "{e}");
 }
 
@@ -179,7 +181,7 @@ fn cuda_in_a_build_without_it_is_refused_by_name() {
     assert_eq!(cfg.model.device, rollflash_run::config::DeviceSpec::Cuda(1));
     let e = rollflash_run::plan::RunPlan::new(cfg)
         .unwrap_err()
-        .to_string();
+        .chain_text();
     assert!(e.contains("model.device") && e.contains("cuda"), "{e}");
     // `--dry-run` says what this build can do.
     let plan = rollflash_run::plan::RunPlan::new(load(&[]).unwrap()).unwrap();
@@ -207,7 +209,7 @@ fn remote_and_openenv_environments_load_validate_and_round_trip() {
     let c = TrainConfig::load(Some(&path), &[format!("env.remote.api_key_env={unset:?}")]).unwrap();
     let e = rollflash_run::plan::RunPlan::new(c)
         .unwrap_err()
-        .to_string();
+        .chain_text();
     assert!(
         e.contains("env.remote.api_key_env") && e.contains(&unset),
         "{e}"
@@ -286,7 +288,7 @@ fn remote_and_openenv_environments_load_validate_and_round_trip() {
     ] {
         let e = TrainConfig::load(None, &sets(&set))
             .unwrap_err()
-            .to_string();
+            .chain_text();
         assert!(e.contains(field), "{set:?}: {e}");
     }
     // A source key next to a built-in's fields is refused, saying where they belong.
@@ -297,7 +299,7 @@ fn remote_and_openenv_environments_load_validate_and_round_trip() {
         &[],
     )
     .unwrap_err()
-    .to_string();
+    .chain_text();
     assert!(e.contains("remote.spec"), "{e}");
 }
 
@@ -320,7 +322,7 @@ fn rollout_servers_are_validated_by_field_and_planned_beside_the_engines() {
     let write = |body: &str| {
         let p = dir.path().join("f.toml");
         std::fs::write(&p, body).unwrap();
-        TrainConfig::load(Some(&p), &[]).map_err(|e| e.to_string())
+        TrainConfig::load(Some(&p), &[]).map_err(|e| rollflash_core::error_chain(&e))
     };
     let entry = |extra: &str| {
         format!("[rollout]\nengines = 0\n[[rollout.servers]]\nkind = \"rollflash\"\nurl = \"http://127.0.0.1:30000\"\n{extra}")

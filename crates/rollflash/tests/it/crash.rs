@@ -116,7 +116,10 @@ async fn a_damaged_checkpoint_is_refused_by_name_and_resume_falls_back_to_an_int
     assert!(root.join("refused-step-00000003").is_dir());
     assert!(root.join("refused-step-00000002").is_dir());
     assert!(tmp_dirs(&root).is_empty(), "{:?}", tmp_dirs(&root));
-    let diff = max_weight_diff(&a.checkpoint, &b.checkpoint);
+    let diff = max_weight_diff(
+        a.checkpoint.as_deref().unwrap(),
+        b.checkpoint.as_deref().unwrap(),
+    );
     assert_eq!(diff, 0.0, "resumed weights differ by {diff}");
     check_metrics(part.path(), N);
     // The checkpoints written after the resume are intact, and keep=2 pruned only those.
@@ -144,10 +147,13 @@ async fn a_run_killed_after_its_last_checkpoint_resumes_to_its_final_weights() {
     let a = pipeline::run(cfg(dir.path(), N, 1)).await.unwrap();
     let keep = tempfile::tempdir().unwrap();
     let first = keep.path().join("final");
-    std::fs::rename(&a.checkpoint, &first).unwrap();
+    std::fs::rename(a.checkpoint.as_deref().unwrap(), &first).unwrap();
     let b = resume_latest(cfg(dir.path(), N, 1)).await.unwrap();
     assert_eq!(b.report.steps.len(), 0);
-    assert_eq!(max_weight_diff(&first, &b.checkpoint), 0.0);
+    assert_eq!(
+        max_weight_diff(&first, b.checkpoint.as_deref().unwrap()),
+        0.0
+    );
     check_metrics(dir.path(), N);
 }
 
@@ -260,7 +266,7 @@ async fn kill_9_at_random_moments_then_resume_ends_with_the_uninterrupted_weight
         })
         .collect();
     eprintln!("crash: kills {kills:#?}; final resume said {said:?}");
-    let diff = max_weight_diff(&a.checkpoint, &part.path().join("final"));
+    let diff = max_weight_diff(a.checkpoint.as_deref().unwrap(), &part.path().join("final"));
     assert_eq!(
         diff, 0.0,
         "weights after kill -9 and resume differ by {diff}"
@@ -409,7 +415,13 @@ async fn a_full_disk_while_writing_the_logs_stops_the_run_and_resume_loses_nothi
     // Space is freed; the run resumes to the end.
     std::fs::remove_file(&ballast).unwrap();
     let b = resume_latest(cfg(dir.path(), N, 1)).await.unwrap();
-    assert_eq!(max_weight_diff(&a.checkpoint, &b.checkpoint), 0.0);
+    assert_eq!(
+        max_weight_diff(
+            a.checkpoint.as_deref().unwrap(),
+            b.checkpoint.as_deref().unwrap()
+        ),
+        0.0
+    );
     check_metrics(dir.path(), N);
     let run = rollflash_dashboard::RunDir::new(dir.path());
     run.timeline().unwrap();

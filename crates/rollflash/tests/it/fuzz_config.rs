@@ -23,7 +23,7 @@ fn load_file(text: &str) -> Result<TrainConfig, String> {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("c.toml");
     std::fs::write(&p, text).unwrap();
-    TrainConfig::load(Some(&p), &[]).map_err(|e| e.to_string())
+    TrainConfig::load(Some(&p), &[]).map_err(|e| rollflash_core::error_chain(&e))
 }
 
 #[test]
@@ -175,7 +175,7 @@ fn fuzz_set_overrides() {
             let input = format!("{sets:?}");
             let r = std::panic::catch_unwind(|| TrainConfig::load(None, &sets))
                 .map_err(|_| TestCaseError::fail(format!("load panicked on {input}")))?;
-            check(r.map_err(|e| e.to_string()), &input)
+            check(r.map_err(|e| rollflash_core::error_chain(&e)), &input)
         },
     );
 }
@@ -223,5 +223,8 @@ fn fuzz_mutated_config_files() {
 #[test]
 fn nan_product_prob_is_refused() {
     let e = TrainConfig::load(None, &["env.product_prob=nan".to_string()]).unwrap_err();
-    assert!(e.to_string().contains("product_prob"), "{e}");
+    assert!(
+        rollflash_core::error_chain(&e).contains("product_prob"),
+        "{e}"
+    );
 }

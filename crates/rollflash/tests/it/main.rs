@@ -28,3 +28,15 @@ mod tensorboard;
 mod tinker;
 mod util;
 mod warmup_cache;
+
+/// An error and its causes on one line, as the binary prints them: tests assert on what a
+/// user reads, and a message names only its context (the cause is its source).
+trait ChainText {
+    fn chain_text(&self) -> String;
+}
+
+impl<E: std::error::Error> ChainText for E {
+    fn chain_text(&self) -> String {
+        rollflash_core::error_chain(self)
+    }
+}

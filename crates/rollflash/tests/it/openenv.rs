@@ -186,5 +186,5 @@ async fn train_on_an_openenv_server_trains_on_its_rewards_and_releases_its_sessi
         .collect();
     let cfg = TrainConfig::load(None, &sets).expect("config");
     let err = pipeline::run(cfg).await.expect_err("server down");
-    assert!(err.to_string().contains(&down), "{err}");
+    assert!(rollflash_core::error_chain(&err).contains(&down), "{err}");
 }

@@ -148,7 +148,7 @@ async fn a_killed_env_server_costs_its_trajectories_and_a_down_one_is_named() {
     let down = format!("http://127.0.0.1:{port}");
     let cfg = TrainConfig::load(None, &sets(dir.path(), &down, 1, &[])).expect("config");
     let err = pipeline::run(cfg).await.expect_err("server down");
-    assert!(err.to_string().contains(&down), "{err}");
+    assert!(rollflash_core::error_chain(&err).contains(&down), "{err}");
 
     // Killed after the first step and restarted on the same port: the trajectories in
     // between fail and are counted; the run finishes on the restarted server.

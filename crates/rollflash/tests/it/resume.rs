@@ -9,6 +9,8 @@ use rollflash_run::config::TrainConfig;
 use rollflash_run::pipeline::{self, Resume, RunOptions};
 use serde_json::Value;
 
+use crate::ChainText;
+
 /// A run small enough for seconds ([`crate::util::tiny_lake_sets`]), synchronous, no
 /// warm-up.
 ///
@@ -127,11 +129,14 @@ async fn a_resumed_run_ends_where_the_uninterrupted_one_does() {
         rollflash_model::weights::Weights::random(&mc, c.seed, DType::F32, &Device::Cpu).unwrap();
     rollflash_model::hf::save_dir(start.path(), &mc, &w0, Some(&tok)).unwrap();
     assert!(
-        max_weight_diff(start.path(), &a.checkpoint) > 1e-4,
+        max_weight_diff(start.path(), a.checkpoint.as_deref().unwrap()) > 1e-4,
         "training moved nothing"
     );
 
-    let diff = max_weight_diff(&a.checkpoint, &b2.checkpoint);
+    let diff = max_weight_diff(
+        a.checkpoint.as_deref().unwrap(),
+        b2.checkpoint.as_deref().unwrap(),
+    );
     eprintln!("resume: max |Δw| = {diff:e}; rewards {ra:?}");
     assert_eq!(diff, 0.0, "resumed weights differ by {diff}");
 
@@ -140,6 +145,43 @@ async fn a_resumed_run_ends_where_the_uninterrupted_one_does() {
     let n = |k: &str| last[k].as_u64().unwrap();
     assert_eq!(n("trained"), (N * 8) as u64);
     crate::util::assert_balanced(last, "last step");
+}
+
+/// The synchronous baseline repeats bit for bit for a seed, whatever its thread counts (issue
+/// 35): runs with 1 engine + 1 trainer thread and, twice, with 2 + 2 write the same
+/// `final/model.safetensors` byte for byte and log the same per-step rewards.
+///
+/// Under [`cfg`]'s PPO loss, as README's "Determinism" says: the trainer's numbers do not
+/// depend on its thread count (every reduction is chunked by size, not by threads; gemm splits
+/// the output, not the sum), but the engine's log-probs do depend on which requests share its
+/// forward passes, which is timing; decoupled PPO (the default loss) weighs each token by
+/// them, so its weights agree to about 1e-6, not exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_synchronous_baseline_repeats_byte_for_byte_at_any_thread_count() {
+    const N: usize = 3;
+    let mut runs = Vec::new();
+    for threads in [1, 2, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sets = sync_sets(dir.path(), N, 0);
+        sets.extend([
+            format!("rollout.engine_threads={threads}"),
+            format!("train.threads={threads}"),
+        ]);
+        let s = pipeline::run(TrainConfig::load(None, &sets).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(s.report.steps.len(), N);
+        let weights = std::fs::read(dir.path().join("final/model.safetensors")).unwrap();
+        runs.push((threads, weights, column(&metrics(dir.path()), "reward")));
+    }
+    let (_, w0, r0) = &runs[0];
+    for (threads, w, r) in &runs[1..] {
+        assert_eq!(r, r0, "{threads} thread(s): per-step rewards");
+        assert!(
+            w == w0,
+            "{threads} thread(s): final weights differ from the 1-thread run's"
+        );
+    }
 }
 
 /// ROLL's running reward statistics live in the learner from step to step; a resume must
@@ -195,7 +237,10 @@ async fn a_resumed_run_continues_the_running_reward_statistics_exactly() {
     // The statistics moved from step to step (they are running, not per batch).
     let means = column(&ma, "reward_running_mean");
     assert!(means.windows(2).any(|w| w[0] != w[1]), "{means:?}");
-    let diff = max_weight_diff(&a.checkpoint, &b2.checkpoint);
+    let diff = max_weight_diff(
+        a.checkpoint.as_deref().unwrap(),
+        b2.checkpoint.as_deref().unwrap(),
+    );
     assert_eq!(diff, 0.0, "resumed weights differ by {diff}");
 }
 
@@ -265,6 +310,40 @@ async fn metrics_have_every_field_and_the_report_is_built_from_them() {
     std::fs::remove_dir_all(dir.path().join("report")).unwrap();
     let again = rollflash_run::report::write(dir.path()).unwrap();
     assert_eq!(std::fs::read_to_string(again).unwrap(), md);
+}
+
+/// `checkpoint.final = false` (issue 35): a completed run writes no `final/` and says so, and
+/// `--dry-run`'s plan says it; its metrics and summary are written as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_with_checkpoint_final_false_writes_no_final_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sets = sync_sets(dir.path(), 1, 0);
+    sets.push("checkpoint.final=false".into());
+    let c = TrainConfig::load(None, &sets).unwrap();
+    assert!(!c.checkpoint.save_final);
+    let plan = rollflash_run::plan::RunPlan::new(c.clone()).unwrap();
+    let text = plan.describe().join("\n");
+    assert!(
+        text.contains("no final/ at the end (checkpoint.final = false)"),
+        "{text}"
+    );
+    assert!(c.to_toml().unwrap().contains("final = false"));
+
+    let s = pipeline::run(c).await.unwrap();
+    assert_eq!(s.report.steps.len(), 1);
+    assert_eq!(s.checkpoint, None);
+    assert!(!dir.path().join("final").exists(), "final/ was written");
+    assert!(!dir.path().join("checkpoints").exists());
+    assert_eq!(metrics(dir.path()).len(), 1);
+    assert!(dir.path().join("summary.json").is_file());
+
+    // The default writes it.
+    let on = tempfile::tempdir().unwrap();
+    let plan = rollflash_run::plan::RunPlan::new(cfg(on.path(), 1, 0)).unwrap();
+    assert!(plan
+        .describe()
+        .iter()
+        .any(|l| l.contains("the trained model to")));
 }
 
 /// An asynchronous run resumes at its version and task seed; the groups that were in
@@ -389,7 +468,7 @@ async fn a_resumed_dataset_run_continues_with_the_next_unseen_row_exactly() {
         pipeline::run_with(c, resume())
             .await
             .unwrap_err()
-            .to_string()
+            .chain_text()
     };
     let e = refused(data_cfg(part.path(), &data, N, K, &["env.shuffle_seed=1"])).await;
     assert!(e.contains("shuffle_seed is 0, the config's 1"), "{e}");
@@ -424,7 +503,10 @@ async fn a_resumed_dataset_run_continues_with_the_next_unseen_row_exactly() {
         "some reward, so the weights move: {:?}",
         column(&ma, "reward")
     );
-    let diff = max_weight_diff(&a.checkpoint, &b.checkpoint);
+    let diff = max_weight_diff(
+        a.checkpoint.as_deref().unwrap(),
+        b.checkpoint.as_deref().unwrap(),
+    );
     assert_eq!(diff, 0.0, "resumed weights differ by {diff}");
     let last = rollflash_run::checkpoint::latest(&part.path().join("checkpoints")).unwrap();
     let state: Value =

@@ -4,10 +4,15 @@
 //! by the server, which trains its LoRA adapter and samples every rollout; rollflash drives
 //! the run. The held-out greedy accuracy rises (the warm-up leaves the answer's `####` format
 //! unsettled, which RL settles), every sample is accounted for, staleness stays within α, and
-//! the final state is saved on the server and recorded.
+//! the final state is saved on the server and recorded. Then the server is killed (`kill -9`
+//! of its process group) in the middle of a second run: the run stops within its deadlines,
+//! naming its newest checkpoint (the server's saved state recorded in ours); the server is
+//! restarted and `--resume` continues the run through `load_state` to its last step, every
+//! sample accounted for.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use rollflash_tinker::local::LocalServer;
 
@@ -55,22 +60,12 @@ fn warmed_up_model(dir: &Path) -> PathBuf {
         .expect("a warm-up directory in the cache")
 }
 
-#[test]
-fn train_through_a_real_tinker_server_raises_the_reward() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = warmed_up_model(dir.path());
-    let server = match LocalServer::start_serving(&model) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("SKIPPED train_through_a_real_tinker_server_raises_the_reward: {e}");
-            return;
-        }
-    };
-    let url = server.url().to_string();
-    let run = dir.path().join("run");
+/// `rollflash train --config configs/tinker.toml` against `url`, writing to `run`, with
+/// `extra` settings.
+fn tinker_train(url: &str, run: &Path, extra: &[String]) -> Command {
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/tinker.toml");
-    let out = Command::new(env!("CARGO_BIN_EXE_rollflash"))
-        .arg("train")
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rollflash"));
+    c.arg("train")
         .arg("--config")
         .arg(&config)
         .arg("--set")
@@ -81,15 +76,50 @@ fn train_through_a_real_tinker_server_raises_the_reward() {
         ))
         .arg("--set")
         .arg(format!("output_dir={:?}", run.display().to_string()))
-        .args(["--set", "train.steps=8", "--set", "train.eval_problems=40"])
         .args([
             "--set",
             "metrics.progress=false",
             "--set",
             "metrics.report=false",
-        ])
-        .output()
-        .unwrap();
+        ]);
+    for e in extra {
+        c.arg("--set").arg(e);
+    }
+    c
+}
+
+/// Polls `cond` every 200 ms until it holds or `limit` passes; whether it held.
+fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    cond()
+}
+
+#[test]
+fn train_through_a_real_tinker_server_raises_the_reward() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = warmed_up_model(dir.path());
+    let mut server = match LocalServer::start_serving(&model) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("SKIPPED train_through_a_real_tinker_server_raises_the_reward: {e}");
+            return;
+        }
+    };
+    let url = server.url().to_string();
+    let run = dir.path().join("run");
+    let out = tinker_train(
+        &url,
+        &run,
+        &["train.steps=8".into(), "train.eval_problems=40".into()],
+    )
+    .output()
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -120,6 +150,14 @@ fn train_through_a_real_tinker_server_raises_the_reward() {
     for r in &rows {
         assert!(r["staleness_max"].as_u64().unwrap() <= 1, "{r}");
         assert_balanced(r, "a step of the Tinker run");
+        // Where the step's time went: forward_backward, optim_step and
+        // save_weights_for_sampler are a submission and at least one poll each.
+        let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {r}"));
+        assert!(f("tinker_requests") >= 6.0, "{r}");
+        assert!(f("tinker_mb_out") > 0.0 && f("tinker_mb_in") > 0.0, "{r}");
+        let parts = f("tinker_wait_s") + f("tinker_codec_s") + f("tinker_backoff_s");
+        assert!(parts <= f("tinker_step_s") + 1e-6, "{r}");
+        assert!(f("tinker_local_s") >= 0.0, "{r}");
     }
     let final_state: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(run.join("final").join("tinker.json")).unwrap(),
@@ -130,4 +168,100 @@ fn train_through_a_real_tinker_server_raises_the_reward() {
         .unwrap()
         .starts_with("tinker://"));
     assert_eq!(final_state["optimizer_steps"], 8);
+
+    // The server dies in the middle of a run: the run stops within its deadlines and names
+    // the newest checkpoint, which records the state the server saved at that step.
+    let crash = dir.path().join("crash");
+    let settings = [
+        "train.steps=6".to_string(),
+        "train.eval_problems=0".into(),
+        "checkpoint.every=2".into(),
+        "controller.progress_timeout_secs=60".into(),
+        "controller.serve_timeout_secs=60".into(),
+    ];
+    let (log_out, log_err) = (dir.path().join("crash.out"), dir.path().join("crash.err"));
+    let mut child = tinker_train(&url, &crash, &settings)
+        .stdout(Stdio::from(std::fs::File::create(&log_out).unwrap()))
+        .stderr(Stdio::from(std::fs::File::create(&log_err).unwrap()))
+        .spawn()
+        .unwrap();
+    let first = crash.join("checkpoints").join("step-00000002");
+    let reached = wait_for(Duration::from_secs(600), || {
+        first.join("checksums.json").exists() || child.try_wait().unwrap().is_some()
+    });
+    assert!(
+        reached && child.try_wait().unwrap().is_none(),
+        "the run should be at its first checkpoint and still running: {}\n{}",
+        std::fs::read_to_string(&log_out).unwrap_or_default(),
+        std::fs::read_to_string(&log_err).unwrap_or_default()
+    );
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(first.join("tinker.json")).unwrap()).unwrap();
+    assert!(
+        saved["state_path"]
+            .as_str()
+            .unwrap()
+            .starts_with("tinker://"),
+        "{saved}"
+    );
+    assert_eq!(saved["optimizer_steps"], 2);
+    server.kill9().unwrap();
+    let killed = Instant::now();
+    let mut status = None;
+    assert!(
+        wait_for(Duration::from_secs(400), || {
+            status = child.try_wait().unwrap();
+            status.is_some()
+        }),
+        "the run must stop within its deadlines after its server died"
+    );
+    let err = std::fs::read_to_string(&log_err).unwrap();
+    eprintln!(
+        "stopped {:.0} s after the kill:\n{err}",
+        killed.elapsed().as_secs_f64()
+    );
+    assert!(!status.unwrap().success(), "a run whose trainer died fails");
+    assert!(
+        err.contains("--resume") || err.contains("checkpoint"),
+        "{err}"
+    );
+    assert!(
+        err.contains("step-0000000"),
+        "the error names the checkpoint: {err}"
+    );
+
+    // Restarted on its run directory, the server has lost its models (SkyRL keeps them in
+    // memory) but not the saved states: `--resume` loads the checkpoint's into a new model.
+    server.restart().unwrap();
+    let out = tinker_train(&url, &crash, &settings)
+        .arg("--resume")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the resumed run failed: {stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log_tail(40)
+    );
+    assert!(stdout.contains("tinker: loaded tinker://"), "{stdout}");
+    let metrics = std::fs::read_to_string(crash.join("metrics.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 6, "every step once: {metrics}");
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r["step"].as_u64(), Some(i as u64), "{r}");
+        assert_balanced(r, "a step of the resumed Tinker run");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(crash.join("summary.json")).unwrap())
+            .unwrap();
+    assert_balanced(&summary["accounting"], "the resumed Tinker run's summary");
+    let final_state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(crash.join("final").join("tinker.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(final_state["optimizer_steps"], 6);
 }
