@@ -730,7 +730,7 @@ async fn run_mode(
         .clone()
         .with_schedule(Schedule::from_alpha(mode.alpha))?
         .with_redundancy(if mode.redundant {
-            base.controller().redundancy
+            base.controller().core.redundancy
         } else {
             0
         })

@@ -1054,7 +1054,11 @@ impl RunSink {
         }
         let log = MetricsLog::create(&metrics_path, &prefix)?;
         let done_before = resumed.map_or(0, |r| r.state.cursor.steps_done);
-        let progress = Progress::new(plan.controller().steps, done_before, out.metrics.progress);
+        let progress = Progress::new(
+            plan.controller().core.steps,
+            done_before,
+            out.metrics.progress,
+        );
         let tensorboard = if out.metrics.tensorboard {
             let mut w = open_tensorboard(&out.dir, resumed.is_some(), done_before)?;
             // The evaluation before RL at step 0, beside the first step's rollouts of the same

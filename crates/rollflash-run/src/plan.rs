@@ -18,7 +18,7 @@ use rollflash_env::openenv::OpenEnvConfig;
 use rollflash_env::remote::RemoteEnvConfig;
 use rollflash_rollout::{EnvManagerConfig, HttpBackendConfig, ProxyConfig, Replication};
 use rollflash_trainer::learner::LearnerConfig;
-use rollflash_trainer::{ControllerConfig, TinkerLearnerConfig};
+use rollflash_trainer::{ControllerConfig, CoreConfig, TinkerLearnerConfig};
 
 use crate::config::{
     resolve_api_key, ConfigError, DTypeSpec, DeviceSpec, EnvSection, LearnerKind,
@@ -444,13 +444,15 @@ impl RunPlan {
             c.buffer.clone()
         };
         let controller = ControllerConfig {
-            buffer,
-            redundancy: r.group_size_redundancy,
-            steps: c.train.steps,
+            core: CoreConfig {
+                buffer,
+                redundancy: r.group_size_redundancy,
+                steps: c.train.steps,
+                seed: task_seed(c.seed),
+                serve_timeout: Duration::from_secs_f64(c.controller.serve_timeout_secs),
+                progress_timeout: Duration::from_secs_f64(c.controller.progress_timeout_secs),
+            },
             pause_mode: c.controller.pause_mode,
-            seed: task_seed(c.seed),
-            serve_timeout: Duration::from_secs_f64(c.controller.serve_timeout_secs),
-            progress_timeout: Duration::from_secs_f64(c.controller.progress_timeout_secs),
             stall_report: (c.controller.stall_report_secs > 0.0)
                 .then(|| Duration::from_secs_f64(c.controller.stall_report_secs)),
         };
@@ -546,12 +548,12 @@ impl RunPlan {
 
     /// The α in force: 0 for the synchronous baseline.
     pub fn alpha(&self) -> f64 {
-        self.controller.buffer.alpha
+        self.controller.core.buffer.alpha
     }
 
     /// Whether this is the synchronous baseline.
     pub fn sync(&self) -> bool {
-        self.controller.buffer.schedule() == Schedule::Synchronous
+        self.controller.core.buffer.schedule() == Schedule::Synchronous
     }
 
     /// The pause mode of weight syncs.
@@ -681,8 +683,8 @@ impl RunPlan {
 
     /// The same run under `schedule` (the bench's modes), re-validated.
     pub fn with_schedule(mut self, schedule: Schedule) -> Result<Self, PlanError> {
-        self.controller.buffer = self.controller.buffer.with_schedule(schedule);
-        self.controller.buffer.validate().map_err(|e| {
+        self.controller.core.buffer = self.controller.core.buffer.with_schedule(schedule);
+        self.controller.core.buffer.validate().map_err(|e| {
             PlanError::Config(ConfigError::Field {
                 field: "buffer".into(),
                 reason: e.to_string(),
@@ -693,7 +695,7 @@ impl RunPlan {
 
     /// The same run with `redundancy` extra trajectories per group.
     pub fn with_redundancy(mut self, redundancy: usize) -> Self {
-        self.controller.redundancy = redundancy;
+        self.controller.core.redundancy = redundancy;
         self
     }
 
@@ -707,7 +709,7 @@ impl RunPlan {
     /// same in every mode of that repeat; repeat 0 samples with the run's seed.
     pub fn with_repeat(mut self, repeat: usize) -> Self {
         self.env_manager.sampling.seed = Some(self.seed.wrapping_add(repeat as u64));
-        self.controller.seed = task_seed(self.seed).wrapping_add(repeat as u64 * 1_000_000);
+        self.controller.core.seed = task_seed(self.seed).wrapping_add(repeat as u64 * 1_000_000);
         self
     }
 
@@ -849,7 +851,7 @@ impl RunPlan {
             "routing {:?}, env `{}`, first task seed {}, α {}{}",
             self.routing,
             self.env.name(),
-            self.controller.seed,
+            self.controller.core.seed,
             self.alpha(),
             if self.sync() {
                 " (synchronous baseline)"

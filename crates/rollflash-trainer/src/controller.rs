@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use futures::FutureExt;
 use rollflash_core::buffer::{Accounting, Batch, BufferConfig, BufferConfigError, GroupOutcome};
 use rollflash_core::controller::{
-    ControllerCore, CoreAction, CoreConfig, CoreEvent, PublishedStep, RunEnd, Waiting,
+    ControllerCore, CoreAction, CoreEvent, PublishedStep, RunEnd, Waiting,
 };
 use rollflash_core::timeline::{EventKind, TimelineEvent, TRAINER_LANE};
 use rollflash_core::{PauseMode, PolicyVersion, Trajectory};
@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-pub use rollflash_core::controller::{Cursor, ResumeFrom};
+pub use rollflash_core::controller::{CoreConfig, Cursor, ResumeFrom};
 
 use crate::StopFlag;
 
@@ -212,25 +212,16 @@ pub enum ControllerError {
     Stuck { running: usize, buffered: u64 },
 }
 
-/// Settings of the controller loop.
+/// Settings of the controller loop: the core's ([`CoreConfig`]: buffer, redundancy, steps,
+/// seed, the serve and progress deadlines), and what only this driver uses. The core's
+/// settings are held whole, so each has one home.
 #[derive(Debug, Clone)]
 pub struct ControllerConfig {
-    /// Admission, α, filtering, barrier.
-    pub buffer: BufferConfig,
-    /// Extra trajectories per group (redundant environment rollout).
-    pub redundancy: usize,
-    /// Training steps to run.
-    pub steps: usize,
+    /// What the core decides by: admission, α, filtering, barrier, redundancy, steps, the
+    /// first task seed, and how long the run goes on unserved or without progress.
+    pub core: CoreConfig,
     /// How in-flight requests are treated during a weight sync.
     pub pause_mode: PauseMode,
-    /// The first task seed; group `k` uses `seed + k`.
-    pub seed: u64,
-    /// How long the run goes on after a weight sync that no backend could load, waiting for
-    /// one to be caught up (the proxy keeps trying), before it stops as stalled.
-    pub serve_timeout: Duration,
-    /// How long the run goes on between steps with no group adding a sample to the buffer
-    /// (every environment or server failing, or a filter nothing passes) before it stops.
-    pub progress_timeout: Duration,
     /// With no step published for this long, say what the run waits on ([`StallReport`]),
     /// and again every such interval; `None` never does.
     pub stall_report: Option<Duration>,
@@ -239,13 +230,15 @@ pub struct ControllerConfig {
 impl Default for ControllerConfig {
     fn default() -> Self {
         ControllerConfig {
-            buffer: BufferConfig::default(),
-            redundancy: 0,
-            steps: 1,
+            core: CoreConfig {
+                buffer: BufferConfig::default(),
+                redundancy: 0,
+                steps: 1,
+                seed: 0,
+                serve_timeout: DEFAULT_SERVE_TIMEOUT,
+                progress_timeout: DEFAULT_PROGRESS_TIMEOUT,
+            },
             pause_mode: PauseMode::default(),
-            seed: 0,
-            serve_timeout: DEFAULT_SERVE_TIMEOUT,
-            progress_timeout: DEFAULT_PROGRESS_TIMEOUT,
             stall_report: Some(DEFAULT_STALL_REPORT),
         }
     }
@@ -348,12 +341,12 @@ impl std::fmt::Display for StallReport {
     }
 }
 
-/// The default of [`ControllerConfig::progress_timeout`]: far above a batch's rollout on
+/// The default of [`CoreConfig::progress_timeout`] in [`ControllerConfig`]: far above a batch's rollout on
 /// this CPU (seconds to a minute), short enough that a run failing every trajectory stops
 /// within the hour.
 pub const DEFAULT_PROGRESS_TIMEOUT: Duration = Duration::from_secs(1800);
 
-/// The default of [`ControllerConfig::serve_timeout`]: long enough for a restarted server
+/// The default of [`CoreConfig::serve_timeout`] in [`ControllerConfig`]: long enough for a restarted server
 /// to come back and load a checkpoint, short enough that a broken fleet is noticed.
 pub const DEFAULT_SERVE_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -507,7 +500,7 @@ impl<L: Learner> AsyncController<L> {
         version: watch::Sender<PolicyVersion>,
         learner: L,
     ) -> Result<Self, ControllerError> {
-        cfg.buffer.validate()?;
+        cfg.core.buffer.validate()?;
         Ok(AsyncController {
             cfg,
             proxy,
@@ -553,7 +546,7 @@ impl<L: Learner> AsyncController<L> {
         self
     }
 
-    /// Runs `cfg.steps` training steps and returns what happened. Everything it started is
+    /// Runs `cfg.core.steps` training steps and returns what happened. Everything it started is
     /// finished or aborted (and counted) before it returns. A stalled run is an error.
     pub async fn run(self) -> Result<RunReport, ControllerError> {
         self.run_returning_learner().await.map(|(r, _)| r)
@@ -714,15 +707,7 @@ impl<'s, L: Learner> Driver<'s, L> {
         sink: &'s mut dyn StepSink<L>,
     ) -> Result<Self, ControllerError> {
         let start = Instant::now();
-        let core_cfg = CoreConfig {
-            buffer: ctl.cfg.buffer.clone(),
-            redundancy: ctl.cfg.redundancy,
-            steps: ctl.cfg.steps,
-            seed: ctl.cfg.seed,
-            serve_timeout: ctl.cfg.serve_timeout,
-            progress_timeout: ctl.cfg.progress_timeout,
-        };
-        let core = ControllerCore::new(core_cfg, ctl.resume, Duration::ZERO)?;
+        let core = ControllerCore::new(ctl.cfg.core.clone(), ctl.resume, Duration::ZERO)?;
         Ok(Driver {
             stop: ctl.stop.clone().unwrap_or_default(),
             fleet: ctl.proxy.serving(),
@@ -811,7 +796,10 @@ impl<'s, L: Learner> Driver<'s, L> {
 
     fn start_group(&mut self, key: rollflash_core::buffer::GroupKey, seed: u64) {
         let runner = Arc::clone(&self.ctl.groups);
-        let (size, red) = (self.ctl.cfg.buffer.group_size, self.ctl.cfg.redundancy);
+        let (size, red) = (
+            self.ctl.cfg.core.buffer.group_size,
+            self.ctl.cfg.core.redundancy,
+        );
         self.groups.spawn(async move {
             let run = AssertUnwindSafe(runner.run_group(seed, size, red));
             (key, run.catch_unwind().await.map_err(panic_message))
@@ -957,7 +945,7 @@ impl<'s, L: Learner> Driver<'s, L> {
                 Ok(()) if *self.fleet.borrow_and_update() => CoreEvent::Serving,
                 Ok(()) => {
                     tracing::error!(
-                        waiting_s = self.ctl.cfg.serve_timeout.as_secs_f64(),
+                        waiting_s = self.ctl.cfg.core.serve_timeout.as_secs_f64(),
                         "no backend is in rotation (every server down or behind on weights): \
                          waiting for one to come back, then stopping with a checkpoint"
                     );

@@ -16,9 +16,9 @@ pub mod supervised;
 pub mod tinker;
 
 pub use controller::{
-    AsyncController, ControllerConfig, ControllerError, Cursor, EnvGroups, GroupRunner, Learner,
-    LearnerError, NoSink, ResumeFrom, RunReport, SinkError, StallReport, StepRecord, StepSink,
-    StepStats, DEFAULT_PROGRESS_TIMEOUT, DEFAULT_SERVE_TIMEOUT, DEFAULT_STALL_REPORT,
+    AsyncController, ControllerConfig, ControllerError, CoreConfig, Cursor, EnvGroups, GroupRunner,
+    Learner, LearnerError, NoSink, ResumeFrom, RunReport, SinkError, StallReport, StepRecord,
+    StepSink, StepStats, DEFAULT_PROGRESS_TIMEOUT, DEFAULT_SERVE_TIMEOUT, DEFAULT_STALL_REPORT,
 };
 pub use learner::{batch_advantages, Advantages, LearnerConfig, PackedBatch, PolicyLearner};
 pub use rollflash_core::controller::RunEnd;

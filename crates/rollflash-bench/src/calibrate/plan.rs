@@ -95,7 +95,7 @@ impl Plan {
         Ok(Plan {
             seed: run.seed(),
             // As `rollflash train` seeds its controller.
-            task_seed: ctl.seed,
+            task_seed: ctl.core.seed,
             kind: match spec.env {
                 EnvConfig::Math(_) => TaskKind::SingleTurn,
                 _ => TaskKind::Episodes,
@@ -117,9 +117,9 @@ impl Plan {
                 .sched
                 .request_timeout
                 .unwrap_or(rollflash_rollout::DEFAULT_REQUEST_TIMEOUT),
-            redundancy: ctl.redundancy,
+            redundancy: ctl.core.redundancy,
             renderer: rollflash_run::stack::renderer(run.renderer(), None)?,
-            buffer: ctl.buffer.clone(),
+            buffer: ctl.core.buffer.clone(),
             sync: run.sync(),
             pause_mode: ctl.pause_mode,
             train_threads: run.learner().threads,

@@ -21,8 +21,8 @@ use rollflash_rollout::{
     ProxyConfig, Renderer, WeightUpdate,
 };
 use rollflash_trainer::{
-    AsyncController, ControllerConfig, EnvGroups, GroupRunner, Learner, LearnerError, NoSink,
-    RunEnd, StepStats, StopFlag,
+    AsyncController, ControllerConfig, CoreConfig, EnvGroups, GroupRunner, Learner, LearnerError,
+    NoSink, RunEnd, StepStats, StopFlag,
 };
 use tokio::sync::watch;
 
@@ -228,11 +228,14 @@ async fn run_stopping(
     };
     let ctl = AsyncController::new(
         ControllerConfig {
-            buffer,
-            redundancy,
-            steps: 6,
+            core: CoreConfig {
+                buffer,
+                redundancy,
+                steps: 6,
+                seed: 1,
+                ..ControllerConfig::default().core
+            },
             pause_mode: PauseMode::Abort,
-            seed: 1,
             ..Default::default()
         },
         proxy.handle(),
@@ -378,10 +381,13 @@ async fn a_panicking_group_task_counts_as_failed_and_the_run_goes_on() {
         };
         let ctl = AsyncController::with_groups(
             ControllerConfig {
-                buffer,
-                redundancy: 1,
-                steps: 3,
-                seed: 1,
+                core: CoreConfig {
+                    buffer,
+                    redundancy: 1,
+                    steps: 3,
+                    seed: 1,
+                    ..ControllerConfig::default().core
+                },
                 ..Default::default()
             },
             r.proxy.handle(),
@@ -432,10 +438,13 @@ async fn a_weight_sync_no_backend_can_load_stops_the_run_as_stalled() {
     };
     let ctl = AsyncController::new(
         ControllerConfig {
-            buffer,
-            steps: 4,
-            seed: 1,
-            serve_timeout: Duration::from_secs(30),
+            core: CoreConfig {
+                buffer,
+                steps: 4,
+                seed: 1,
+                serve_timeout: Duration::from_secs(30),
+                ..ControllerConfig::default().core
+            },
             ..Default::default()
         },
         r.proxy.handle(),
@@ -524,9 +533,12 @@ async fn the_timeline_shows_every_step_sync_and_pause_and_the_baseline_never_ove
     };
     let ctl = AsyncController::new(
         ControllerConfig {
-            buffer,
-            steps: 3,
-            seed: 1,
+            core: CoreConfig {
+                buffer,
+                steps: 3,
+                seed: 1,
+                ..ControllerConfig::default().core
+            },
             ..Default::default()
         },
         r.proxy.handle(),
@@ -607,10 +619,13 @@ async fn a_run_that_makes_no_progress_reports_what_waits_on_what() {
     };
     let ctl = AsyncController::with_groups(
         ControllerConfig {
-            buffer,
-            steps: 2,
-            seed: 1,
-            progress_timeout: Duration::from_secs(300),
+            core: CoreConfig {
+                buffer,
+                steps: 2,
+                seed: 1,
+                progress_timeout: Duration::from_secs(300),
+                ..ControllerConfig::default().core
+            },
             stall_report: Some(Duration::from_secs(60)),
             ..Default::default()
         },
@@ -679,10 +694,13 @@ async fn a_stall_report_names_the_backend_that_does_not_serve_the_new_weights() 
     };
     let ctl = AsyncController::new(
         ControllerConfig {
-            buffer,
-            steps: 4,
-            seed: 1,
-            serve_timeout: Duration::from_secs(30),
+            core: CoreConfig {
+                buffer,
+                steps: 4,
+                seed: 1,
+                serve_timeout: Duration::from_secs(30),
+                ..ControllerConfig::default().core
+            },
             stall_report: Some(Duration::from_secs(10)),
             ..Default::default()
         },
@@ -752,14 +770,17 @@ async fn a_learner_reporting_another_version_fails_the_run() {
     let seen = vtx.subscribe();
     let ctl = AsyncController::new(
         ControllerConfig {
-            buffer: BufferConfig {
-                groups_per_batch: 2,
-                group_size: 2,
-                alpha: 1.0,
-                ..Default::default()
+            core: CoreConfig {
+                buffer: BufferConfig {
+                    groups_per_batch: 2,
+                    group_size: 2,
+                    alpha: 1.0,
+                    ..Default::default()
+                },
+                steps: 4,
+                seed: 1,
+                ..ControllerConfig::default().core
             },
-            steps: 4,
-            seed: 1,
             ..Default::default()
         },
         proxy.handle(),

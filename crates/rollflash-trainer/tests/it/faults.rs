@@ -24,7 +24,7 @@ use rollflash_rollout::{
     ProxyConfig, Renderer, WeightUpdate,
 };
 use rollflash_trainer::{
-    AsyncController, ControllerConfig, Learner, LearnerError, RunReport, StepStats,
+    AsyncController, ControllerConfig, CoreConfig, Learner, LearnerError, RunReport, StepStats,
 };
 use tokio::sync::watch;
 
@@ -269,11 +269,14 @@ impl Setup {
         };
         let ctl = AsyncController::new(
             ControllerConfig {
-                buffer: self.buffer,
-                redundancy: self.redundancy,
-                steps: self.steps,
+                core: CoreConfig {
+                    buffer: self.buffer,
+                    redundancy: self.redundancy,
+                    steps: self.steps,
+                    seed: 1,
+                    ..ControllerConfig::default().core
+                },
                 pause_mode: self.pause_mode,
-                seed: 1,
                 ..Default::default()
             },
             proxy.handle(),

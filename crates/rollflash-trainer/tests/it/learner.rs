@@ -22,7 +22,7 @@ use rollflash_rollout::{
 };
 use rollflash_train::advantage::AdvantageEstimator;
 use rollflash_train::loss::{LossConfig, PgVariant};
-use rollflash_trainer::{AsyncController, ControllerConfig};
+use rollflash_trainer::{AsyncController, ControllerConfig, CoreConfig};
 use rollflash_trainer::{LearnerConfig, PolicyLearner};
 use tokio::sync::watch;
 
@@ -99,16 +99,19 @@ async fn rl_raises_the_reward_of_a_one_token_bandit() {
     let learner = PolicyLearner::new(model, decoupled_grpo(0)).unwrap();
     let ctl = AsyncController::new(
         ControllerConfig {
-            buffer: BufferConfig {
-                groups_per_batch: 4,
-                group_size: 8,
-                alpha: 1.0,
-                ..Default::default()
+            core: CoreConfig {
+                buffer: BufferConfig {
+                    groups_per_batch: 4,
+                    group_size: 8,
+                    alpha: 1.0,
+                    ..Default::default()
+                },
+                redundancy: 0,
+                steps: 30,
+                seed: 11,
+                ..ControllerConfig::default().core
             },
-            redundancy: 0,
-            steps: 30,
             pause_mode: PauseMode::Abort,
-            seed: 11,
             ..Default::default()
         },
         proxy.handle(),

@@ -137,9 +137,9 @@ fn the_plan_derives_every_rule_from_the_config() {
     )
     .unwrap();
     let plan = RunPlan::new(cfg.clone()).unwrap();
-    assert!(plan.sync() && plan.controller().buffer.barrier);
+    assert!(plan.sync() && plan.controller().core.buffer.barrier);
     assert_eq!(plan.alpha(), 0.0);
-    assert_eq!(plan.controller().seed, task_seed(7));
+    assert_eq!(plan.controller().core.seed, task_seed(7));
     assert_eq!(
         task_seed(7),
         7 * 1_000_003,

@@ -31,7 +31,9 @@ use rollflash_rollout::{
     Backend, BackendEntry, EnvFactory, EnvManager, EnvManagerConfig, HttpBackendConfig, LlmProxy,
     ProxyConfig, ProxyHandle, Renderer, SglangBackend, WeightUpdate,
 };
-use rollflash_trainer::{AsyncController, ControllerConfig, Learner, LearnerError, StepStats};
+use rollflash_trainer::{
+    AsyncController, ControllerConfig, CoreConfig, Learner, LearnerError, StepStats,
+};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
@@ -273,16 +275,19 @@ async fn a_server_killed_mid_run_and_restarted_loses_nothing_and_rejoins() {
     let steps = 10;
     let ctl = AsyncController::new(
         ControllerConfig {
-            buffer: BufferConfig {
-                groups_per_batch: 4,
-                group_size: 4,
-                alpha: 1.0,
-                ..Default::default()
+            core: CoreConfig {
+                buffer: BufferConfig {
+                    groups_per_batch: 4,
+                    group_size: 4,
+                    alpha: 1.0,
+                    ..Default::default()
+                },
+                redundancy: 1,
+                steps,
+                seed: 1,
+                ..ControllerConfig::default().core
             },
-            redundancy: 1,
-            steps,
             pause_mode: PauseMode::Abort,
-            seed: 1,
             ..Default::default()
         },
         h.clone(),
