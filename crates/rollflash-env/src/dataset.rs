@@ -23,6 +23,7 @@ use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rollflash_core::IoError;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -231,13 +232,9 @@ impl fmt::Display for RowRef {
 /// the row.
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
-    /// The file could not be opened or read.
-    #[error("{}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The file could not be opened or read (the message names it).
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A JSONL line is not valid JSON.
     #[error("{}: {at}: invalid JSON", path.display())]
     Json {
@@ -350,10 +347,7 @@ pub fn load(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError> {
 }
 
 fn open(path: &Path) -> Result<File, DatasetError> {
-    File::open(path).map_err(|source| DatasetError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(File::open(path).map_err(IoError::at("cannot open", path))?)
 }
 
 /// Loads a JSONL file: one object per line, blank lines skipped. Lines are read with a cap,
@@ -362,10 +356,7 @@ pub fn load_jsonl(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError> 
     cfg.validate()?;
     let path = cfg.path.as_path();
     let mut reader = BufReader::new(open(path)?);
-    let io_err = |source| DatasetError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io_err = |source| DatasetError::Io(IoError::new("cannot read", path, source));
     let cap = cfg.max_row_bytes;
     let mut records = Vec::new();
     let mut buf = Vec::new();

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use rollflash_core::IoError;
+
 /// Everything that can fail in `rollflash-model`.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -13,13 +15,10 @@ pub enum ModelError {
     #[error("missing {what}: {path}")]
     MissingFile { path: PathBuf, what: &'static str },
 
-    /// A file could not be read or written.
-    #[error("i/o error on {path}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A file could not be read or written: what was being done, on which path, and why
+    /// (the one shape every crate's I/O failure takes).
+    #[error(transparent)]
+    Io(#[from] IoError),
 
     /// A safetensors file is corrupt or truncated.
     #[error("cannot read safetensors file {path}")]

@@ -19,10 +19,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::BufReader;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{Device, Tensor};
+use rollflash_core::IoError;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -47,7 +48,7 @@ const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 /// The weights are written as f32 whatever their quantisation in the GGUF, so the result is
 /// about four bytes per parameter.
 pub fn convert_gguf_to_hf(gguf_path: &Path, out_dir: &Path) -> Result<()> {
-    let file = File::open(gguf_path).map_err(|source| io_err(gguf_path, source))?;
+    let file = File::open(gguf_path).map_err(IoError::at("cannot open", gguf_path))?;
     let mut reader = BufReader::new(file);
     let content = Content::read(&mut reader).map_err(|e| {
         gguf_err(format!(
@@ -69,7 +70,7 @@ pub fn convert_gguf_to_hf(gguf_path: &Path, out_dir: &Path) -> Result<()> {
 
     let tensors = read_tensors(&content, &mut reader, &params)?;
 
-    std::fs::create_dir_all(out_dir).map_err(|source| io_err(out_dir, source))?;
+    std::fs::create_dir_all(out_dir).map_err(IoError::at("cannot create", out_dir))?;
 
     let mut config_json = cfg.to_hf_json();
     if let (Some(pad), serde_json::Value::Object(map)) = (tokenizer.pad_id, &mut config_json) {
@@ -754,7 +755,7 @@ fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
         path: path.to_path_buf(),
         source,
     })?;
-    std::fs::write(path, text + "\n").map_err(|source| io_err(path, source))
+    Ok(std::fs::write(path, text + "\n").map_err(IoError::at("cannot write", path))?)
 }
 
 fn gguf_err(msg: String) -> ModelError {
@@ -766,13 +767,6 @@ fn wrong_kind(key: &str, want: &str, got: &Value) -> ModelError {
         "metadata `{key}` should be {want}, found {:?}",
         got.value_type()
     ))
-}
-
-fn io_err(path: &Path, source: std::io::Error) -> ModelError {
-    ModelError::Io {
-        path: PathBuf::from(path),
-        source,
-    }
 }
 
 #[cfg(test)]

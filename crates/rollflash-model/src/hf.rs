@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
+use rollflash_core::IoError;
 
 use crate::chat::ChatTemplate;
 use crate::config::ModelConfig;
@@ -28,10 +29,7 @@ fn read_text(path: &Path, what: &'static str) -> Result<String> {
             what,
         });
     }
-    std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(std::fs::read_to_string(path).map_err(IoError::at("cannot read", path))?)
 }
 
 /// Reads `config.json` from a model directory.
@@ -129,20 +127,14 @@ pub fn save_dir(
     weights: &Weights,
     tokenizer: Option<&Tokenizer>,
 ) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|source| ModelError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    std::fs::create_dir_all(dir).map_err(IoError::at("cannot create", dir))?;
     let cfg_path = dir.join("config.json");
     let text =
         serde_json::to_string_pretty(&config.to_hf_json()).map_err(|source| ModelError::Json {
             path: cfg_path.clone(),
             source,
         })?;
-    std::fs::write(&cfg_path, text).map_err(|source| ModelError::Io {
-        path: cfg_path,
-        source,
-    })?;
+    std::fs::write(&cfg_path, text).map_err(IoError::at("cannot write", &cfg_path))?;
     weights.save_safetensors(&dir.join("model.safetensors"))?;
     if let Some(t) = tokenizer {
         t.save(dir)?;

@@ -19,6 +19,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rollflash_core::IoError;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ModelConfig;
@@ -304,7 +305,7 @@ pub fn save_peft(dir: &Path, adapters: &Adapters, base_model: &str) -> Result<()
         path: path.clone(),
         source,
     })?;
-    std::fs::write(&path, text).map_err(|source| ModelError::Io { path, source })?;
+    std::fs::write(&path, text).map_err(IoError::at("cannot write", &path))?;
     adapters
         .weights
         .save_safetensors(&dir.join(ADAPTER_WEIGHTS))
@@ -319,10 +320,7 @@ pub fn has_peft(dir: &Path) -> bool {
 /// method, rsLoRA, transposed (`fan_in_fan_out`) weights, trained biases.
 pub fn load_peft(dir: &Path, device: &Device) -> Result<Adapters> {
     let path = dir.join(ADAPTER_CONFIG);
-    let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
-        path: path.clone(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(&path).map_err(IoError::at("cannot read", &path))?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|source| ModelError::Json {
         path: path.clone(),
         source,

@@ -6,6 +6,7 @@
 use std::fs;
 use std::path::Path;
 
+use rollflash_core::IoError;
 use serde_json::{json, Map, Value};
 
 use crate::tokenizer_config::{builtin_tokenizer_config, config_token, read_tokenizer_config};
@@ -90,10 +91,7 @@ impl Tokenizer {
                 what: "Hugging Face tokenizer (tokenizer.json)",
             });
         }
-        let bytes = fs::read(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let bytes = fs::read(path).map_err(IoError::at("cannot read", path))?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| ModelError::Tokenizer(format!("cannot load {}: {e}", path.display())))?;
         Ok(Tokenizer::from_hf_parts(inner, None, None, None))
@@ -233,10 +231,7 @@ impl Tokenizer {
     /// decoder; its config carries the built-in chat template. A tokenizer loaded by `from_dir`
     /// writes back the config it was loaded with, special tokens updated.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        fs::create_dir_all(dir).map_err(|source| ModelError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        fs::create_dir_all(dir).map_err(IoError::at("cannot create", dir))?;
         let tokenizer_json = match &self.inner {
             Inner::Builtin => builtin_hf_tokenizer()?,
             Inner::Hf(tok) => tok
@@ -268,10 +263,7 @@ impl Tokenizer {
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    fs::write(path, bytes).map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(fs::write(path, bytes).map_err(IoError::at("cannot write", path))?)
 }
 
 fn builtin_char_id(c: char) -> u32 {

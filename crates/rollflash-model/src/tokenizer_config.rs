@@ -7,6 +7,7 @@
 use std::fs;
 use std::path::Path;
 
+use rollflash_core::IoError;
 use serde_json::{json, Map, Value};
 
 use crate::{ModelError, Result};
@@ -33,10 +34,7 @@ pub(crate) fn read_tokenizer_config(path: &Path) -> Result<Map<String, Value>> {
             what: "tokenizer config (tokenizer_config.json)",
         });
     }
-    let text = fs::read_to_string(path).map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = fs::read_to_string(path).map_err(IoError::at("cannot read", path))?;
     let value: Value = serde_json::from_str(&text).map_err(|source| ModelError::Json {
         path: path.to_path_buf(),
         source,

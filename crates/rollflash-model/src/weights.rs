@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use rollflash_core::IoError;
 
 use crate::config::ModelConfig;
 use crate::{ModelError, Result};
@@ -171,10 +172,7 @@ impl Weights {
             map.insert(k.clone(), v.detach().contiguous()?);
         }
         candle_core::safetensors::save(&map, path).map_err(|e| match e {
-            candle_core::Error::Io(source) => ModelError::Io {
-                path: path.to_path_buf(),
-                source,
-            },
+            candle_core::Error::Io(source) => IoError::new("cannot write", path, source).into(),
             other => ModelError::Tensor(other),
         })
     }

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rollflash_core::{GenOutput, GenRequest, Generated, PolicyVersion, RequestId};
+use rollflash_core::{GenOutput, GenRequest, Generated, IoError, PolicyVersion, RequestId};
 use rollflash_model::config::ModelConfig;
 use rollflash_model::model::Transformer;
 use rollflash_model::tokenizer::Tokenizer;
@@ -33,12 +33,9 @@ use crate::tinker_adapters::TinkerAdapters;
 /// A version could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
-    #[error("cannot prepare the weights directory {path}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Creating, clearing or renaming a directory under the root failed ([`PREPARE`]).
+    #[error(transparent)]
+    Io(#[from] IoError),
     #[error("cannot write weights version {version} to {path}")]
     Save {
         version: PolicyVersion,
@@ -55,6 +52,10 @@ pub enum PublishError {
     #[error("weights version {version} has no LoRA adapters to publish adapter-only")]
     NoAdapters { version: PolicyVersion },
 }
+
+/// What a failed directory operation of the publisher says it was doing (each error names
+/// the directory after it).
+const PREPARE: &str = "cannot prepare the weights directory";
 
 /// How a version is laid out on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,14 +100,10 @@ impl WeightPublisher {
         tokenizer: Option<Arc<Tokenizer>>,
     ) -> Result<Self, PublishError> {
         let root = root.into();
-        let io = |source| PublishError::Io {
-            path: root.clone(),
-            source,
-        };
-        std::fs::create_dir_all(&root).map_err(io)?;
+        std::fs::create_dir_all(&root).map_err(IoError::at(PREPARE, &root))?;
         // Absolute: servers resolve a relative `model_path` against their own directory
         // (`rollflash serve` against its weights root), not the trainer's.
-        let root = std::fs::canonicalize(&root).map_err(io)?;
+        let root = std::fs::canonicalize(&root).map_err(IoError::at(PREPARE, &root))?;
         Ok(WeightPublisher {
             root,
             keep: keep.max(1),
@@ -200,10 +197,7 @@ impl WeightPublisher {
                     .adapters()
                     .ok_or(PublishError::NoAdapters { version })?;
                 write_dir(&tmp2, &dir2, |t| {
-                    std::fs::create_dir_all(t).map_err(|source| PublishError::Io {
-                        path: t.to_path_buf(),
-                        source,
-                    })?;
+                    std::fs::create_dir_all(t).map_err(IoError::at(PREPARE, t))?;
                     // The base is whatever the server was started with; the name is only a
                     // label PEFT readers keep.
                     rollflash_model::lora::save_peft(t, adapters, "rollflash-base").map_err(
@@ -242,18 +236,14 @@ fn write_dir(
     dir: &Path,
     save: impl FnOnce(&Path) -> Result<(), PublishError>,
 ) -> Result<(), PublishError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| PublishError::Io { path, source }
-    };
     if tmp.exists() {
-        std::fs::remove_dir_all(tmp).map_err(io(tmp))?;
+        std::fs::remove_dir_all(tmp).map_err(IoError::at(PREPARE, tmp))?;
     }
     save(tmp)?;
     if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(io(dir))?;
+        std::fs::remove_dir_all(dir).map_err(IoError::at(PREPARE, dir))?;
     }
-    std::fs::rename(tmp, dir).map_err(io(dir))
+    Ok(std::fs::rename(tmp, dir).map_err(IoError::at(PREPARE, dir))?)
 }
 
 /// A remote backend that receives in-process weights as a directory written by a shared

@@ -305,11 +305,8 @@ fn save_warmup(
     policy: &Policy,
     model: &TrainableModel,
 ) -> Result<(), WarmupError> {
-    let io = |path: &Path, source| {
-        WarmupError::Model(rollflash_model::ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+    let io = |what, path: &Path, source| {
+        WarmupError::Model(rollflash_core::IoError::new(what, path, source).into())
     };
     let name = cache
         .file_name()
@@ -325,11 +322,11 @@ fn save_warmup(
         Some(&policy.tokenizer),
     )?;
     let fp = tmp.join(FINGERPRINT_FILE);
-    std::fs::write(&fp, format!("{fingerprint}\n")).map_err(|e| io(&fp, e))?;
+    std::fs::write(&fp, format!("{fingerprint}\n")).map_err(|e| io("cannot write", &fp, e))?;
     if cache.exists() {
-        std::fs::rename(cache, &old).map_err(|e| io(cache, e))?;
+        std::fs::rename(cache, &old).map_err(|e| io("cannot move aside", cache, e))?;
     }
-    std::fs::rename(&tmp, cache).map_err(|e| io(cache, e))?;
+    std::fs::rename(&tmp, cache).map_err(|e| io("cannot rename into", cache, e))?;
     let _ = std::fs::remove_dir_all(&old);
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! `scripts/verifier_agreement.py` sets beside HF math-verify's; the `verify` tests assert
 //! the agreement rate without Python.
 
+use rollflash_core::IoError;
 use serde::{Deserialize, Serialize};
 
 use super::{MathVerifier, Verifier};
@@ -23,12 +24,9 @@ pub struct Case {
 /// Why a case file could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum CasesError {
-    #[error("{path}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The file could not be read (the message names it).
+    #[error(transparent)]
+    Io(#[from] IoError),
     #[error("{path}: line {line}")]
     Json {
         path: String,
@@ -41,10 +39,7 @@ pub enum CasesError {
 /// Reads a JSONL case file (blank lines skipped).
 pub fn read(path: &std::path::Path) -> Result<Vec<Case>, CasesError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| CasesError::Io {
-        path: shown.clone(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(IoError::at("cannot read", path))?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())

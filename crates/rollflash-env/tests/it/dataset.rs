@@ -173,9 +173,9 @@ fn row_cap_is_exact_and_bounds_reading() {
 fn io_errors_name_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let err = load_err(&cfg(&dir.path().join("absent.jsonl")), &[]);
-    assert!(matches!(err, DatasetError::Io { .. }));
+    assert!(matches!(err, DatasetError::Io(_)));
     let err = load_err(&cfg(&dir.path().join("absent.parquet")), &[]);
-    assert!(matches!(err, DatasetError::Io { .. }));
+    assert!(matches!(err, DatasetError::Io(_)));
 }
 
 #[test]
