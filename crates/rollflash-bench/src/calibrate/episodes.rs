@@ -43,6 +43,13 @@ pub fn roll_out(
     rt.block_on(roll_out_async(plan, policy, groups))
 }
 
+// Not `rollflash_run::stack::Stack::build_with`, though it is the same plane: the stack
+// builds its environments from the run's spec with the injected latency and failures (a
+// wrapping hook cannot take them off again, and the simulator draws them itself, so
+// measuring them here would count them twice), and it starts its engines from a
+// `TrainableModel` snapshot and a `rollflash_run` `Policy`, where calibration holds only the
+// inference model it replays and times. Routing it through the stack would change what is
+// measured, so this builds its engines, proxy and `EnvManager` itself.
 async fn roll_out_async(
     plan: &Plan,
     policy: &super::Policy,
