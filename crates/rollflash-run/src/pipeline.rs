@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rollflash_core::PolicyVersion;
+use rollflash_model::model::Transformer;
 use rollflash_model::train::TrainableModel;
 use rollflash_trainer::learner::PolicyLearner;
 use rollflash_trainer::{
@@ -24,7 +25,7 @@ use crate::plan::{ModelSource, RunPlan, TrainerPlan};
 use crate::progress::Progress;
 use crate::prometheus::{PromServer, SharedGauges};
 use crate::report::RunSummary;
-use crate::stack::{self, Policy, Stack, WarmedUp};
+use crate::stack::{self, Policy, Stack, StackError, WarmedUp};
 use rollflash_core::IoError;
 
 /// Why a run failed; the message says at which stage.
@@ -635,6 +636,9 @@ trait RunLearner: rollflash_trainer::Learner {
     ) -> Result<PathBuf, PipelineError>;
     /// Writes the run's result to `dir` (`final/`).
     fn save_final(&self, plan: &RunPlan, p: &Prepared, dir: &Path) -> Result<(), PipelineError>;
+    /// The weights it would publish now, for the periodic evaluation (`train.eval_every`);
+    /// `None` where they are not in this process (a Tinker learner's).
+    fn eval_weights(&self) -> Result<Option<Arc<Transformer>>, PipelineError>;
     /// Releases what the learner holds elsewhere once its result is saved (a Tinker
     /// server's model slot); a failure is logged, the run's result stands.
     async fn close(self);
@@ -657,6 +661,11 @@ impl RunLearner for PolicyLearner {
     }
     fn save_final(&self, plan: &RunPlan, p: &Prepared, dir: &Path) -> Result<(), PipelineError> {
         save_final(plan, &p.policy, self.model(), dir, p.base_is_source)
+    }
+    fn eval_weights(&self) -> Result<Option<Arc<Transformer>>, PipelineError> {
+        Ok(Some(Arc::new(
+            self.model().snapshot().map_err(StackError::from)?,
+        )))
     }
     async fn close(self) {}
 }
@@ -681,6 +690,9 @@ impl RunLearner for rollflash_trainer::TinkerLearner {
     fn save_final(&self, _plan: &RunPlan, _p: &Prepared, dir: &Path) -> Result<(), PipelineError> {
         std::fs::create_dir_all(dir).map_err(IoError::at("cannot create", dir))?;
         write_tinker_state(self, "final", &dir.join("tinker.json"))
+    }
+    fn eval_weights(&self) -> Result<Option<Arc<Transformer>>, PipelineError> {
+        Ok(None)
     }
     async fn close(self) {
         let url = self.url().to_string();
@@ -1023,6 +1035,83 @@ struct RunSink {
     lengths: Option<(f64, usize)>,
     /// The batch's reward verdict counts and extra metrics (`crate::verdicts`), for its line.
     verdicts: Vec<(String, f64)>,
+    /// `train.eval_every`: what evaluates a published policy mid-run.
+    periodic: Option<PeriodicEval>,
+}
+
+/// The periodic held-out evaluation (`train.eval_every`): every `every` steps but the last
+/// (the evaluation after RL covers that one), the policy just published, greedy, on the
+/// same tasks as the evaluations before and after RL, on an engine of its own
+/// ([`Stack::probe`]).
+struct PeriodicEval {
+    plan: RunPlan,
+    policy: Policy,
+    every: usize,
+}
+
+impl PeriodicEval {
+    fn new(plan: &RunPlan, policy: &Policy) -> Option<PeriodicEval> {
+        let every = plan.eval().every;
+        (every > 0).then(|| PeriodicEval {
+            plan: plan.clone(),
+            policy: policy.clone(),
+            every,
+        })
+    }
+
+    fn due(&self, steps_done: usize) -> bool {
+        steps_done.is_multiple_of(self.every) && steps_done < self.plan.controller().core.steps
+    }
+
+    /// Evaluates `model` as `version`; blocks the controller's task meanwhile (the rollouts
+    /// in flight go on), so the number is of exactly that version.
+    fn run<L: RunLearner>(
+        &self,
+        learner: &L,
+        version: PolicyVersion,
+    ) -> Result<Option<EvalResult>, PipelineError> {
+        let Some(model) = learner.eval_weights()? else {
+            return Ok(None);
+        };
+        let n = self.plan.eval().problems;
+        let probe = Stack::probe(&self.plan, &self.policy, model, version, n)?;
+        let threshold = self.plan.success_threshold();
+        let fut = async move {
+            let e = evaluate(&probe.eval_envs, &probe.eval_make, n, threshold).await;
+            if let Err(err) = probe.shutdown().await {
+                tracing::warn!(error = %rollflash_core::error_chain(&err), "periodic evaluation: its engine did not stop cleanly");
+            }
+            e
+        };
+        // Only a runtime that cannot be built (no memory for a thread) lands here.
+        Ok(block_on_here(fut).flatten())
+    }
+}
+
+/// Runs `fut` to completion from synchronous code inside the runtime: in place on a
+/// multi-threaded runtime, else on a thread of its own with its own runtime (a
+/// current-thread runtime cannot block in place); `None` if that thread or runtime could
+/// not be made.
+fn block_on_here<F>(fut: F) -> Option<F::Output>
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    let handle = tokio::runtime::Handle::current();
+    if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+        return Some(tokio::task::block_in_place(|| handle.block_on(fut)));
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map(|rt| rt.block_on(fut))
+        })
+        .join()
+    })
+    .ok()
+    .and_then(Result::ok)
 }
 
 impl RunSink {
@@ -1105,6 +1194,7 @@ impl RunSink {
             )?,
             lengths: None,
             verdicts: Vec::new(),
+            periodic: PeriodicEval::new(plan, &p.policy),
         })
     }
 }
@@ -1165,6 +1255,18 @@ impl<L: RunLearner> StepSink<L> for RunSink {
         }
         for (k, v) in std::mem::take(&mut self.verdicts) {
             json[k] = serde_json::json!(v);
+        }
+        if let Some(pe) = self.periodic.as_ref().filter(|p| p.due(cursor.steps_done)) {
+            let e = pe
+                .run(learner, record.version.next())
+                .map_err(|e| SinkError::new("periodic evaluation", e))?;
+            if let Some(e) = e {
+                json["eval_greedy"] = serde_json::json!(e.success_rate);
+                json["eval_mean_reward"] = serde_json::json!(e.mean_reward);
+                if let Some(f) = e.format_free {
+                    json["eval_format_free"] = serde_json::json!(f);
+                }
+            }
         }
         self.log
             .append(&json)

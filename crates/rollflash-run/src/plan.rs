@@ -227,6 +227,8 @@ pub struct EvalPlan {
     /// Samples per task for pass@1 at `temperature` (0 = greedy only).
     pub samples: usize,
     pub temperature: f64,
+    /// `train.eval_every`: a greedy evaluation of every this many steps' policy (0 = never).
+    pub every: usize,
 }
 
 /// Where a run writes: its folder, checkpoints and metrics.
@@ -496,7 +498,15 @@ impl RunPlan {
                 )
             })
             .map(|_| c.reward.python.clone());
+        let trainer = trainer_plan(c, &learner)?;
+        // A Tinker learner's weights live on its server: no local copy to evaluate mid-run.
+        let eval_every = match &trainer {
+            TrainerPlan::Tinker(_) => 0,
+            _ if c.train.eval_problems == 0 => 0,
+            _ => c.train.eval_every,
+        };
         Ok(RunPlan {
+            trainer,
             sandbox,
             python_reward,
             placement: placement.clone(),
@@ -511,7 +521,6 @@ impl RunPlan {
             env_manager,
             proxy,
             controller,
-            trainer: trainer_plan(c, &learner)?,
             learner,
             lora: c.train.lora.clone(),
             success_threshold: match (&c.env, c.env.spec()) {
@@ -524,6 +533,7 @@ impl RunPlan {
                 problems: c.train.eval_problems,
                 samples: c.train.eval_samples,
                 temperature: r.temperature,
+                every: eval_every,
             },
             dashboard: DashboardPlan::new(&c.dashboard)?,
             data,

@@ -443,17 +443,12 @@ impl Stack {
                     threads,
                     max_running_requests,
                 } => (
-                    tinker_route(Arc::new(EngineBackend::start(
+                    tinker_route(Arc::new(engine(
                         Arc::clone(&snapshot),
                         version,
-                        EngineBackendConfig {
-                            name: name.clone(),
-                            engine: EngineConfig {
-                                max_running_requests: *max_running_requests,
-                                threads: *threads,
-                                ..Default::default()
-                            },
-                        },
+                        name,
+                        *threads,
+                        *max_running_requests,
                     )?)),
                     *max_running_requests,
                     None,
@@ -527,8 +522,7 @@ impl Stack {
         };
         let proxy = LlmProxy::start(backends, plan.routing().policy(), proxy_cfg);
         let (vtx, vrx) = watch::channel(version);
-        let mut env_cfg = plan.env_manager().clone();
-        env_cfg.sampling.stop_token_ids = policy.stop_tokens();
+        let env_cfg = env_manager_config(plan, policy);
         let envs = EnvManager::new(
             proxy.handle(),
             Arc::clone(&policy.tokenizer),
@@ -542,19 +536,7 @@ impl Stack {
             Some(wrap) => Arc::new(move || train().map(|e| wrap(e))),
             None => train,
         };
-        let eval_envs = EnvManager::new(
-            proxy.handle(),
-            Arc::clone(&policy.tokenizer),
-            policy.renderer.clone(),
-            EnvManagerConfig {
-                sampling: rollflash_core::SamplingParams {
-                    temperature: 0.0,
-                    ..env_cfg.sampling.clone()
-                },
-                ..env_cfg
-            },
-            vrx,
-        );
+        let eval_envs = greedy_env_manager(&proxy, policy, env_cfg, vrx);
         Ok(Stack {
             proxy,
             version: vtx,
@@ -570,6 +552,47 @@ impl Stack {
                 max_total_tokens: plan.env_manager().max_total_tokens,
                 remote_learner: matches!(plan.trainer(), TrainerPlan::Tinker(_)),
             },
+        })
+    }
+
+    /// A rollout plane of its own for evaluating `model` as `version` (`train.eval_every`):
+    /// one in-process engine, greedy, the run's evaluation environments. The run's engines
+    /// are left alone: they may still serve the version before, and a weight sync there
+    /// would abort the evaluation's requests.
+    pub fn probe(
+        plan: &RunPlan,
+        policy: &Policy,
+        model: Arc<rollflash_model::model::Transformer>,
+        version: PolicyVersion,
+        tasks: usize,
+    ) -> Result<Probe, StackError> {
+        let threads = plan
+            .backends()
+            .iter()
+            .find_map(|b| match b {
+                BackendPlan::Engine { threads, .. } => Some(*threads),
+                BackendPlan::Remote { .. } => None,
+            })
+            .unwrap_or(1);
+        let running = tasks.max(1);
+        let backend = engine(model, version, "eval-probe", threads, running)?;
+        let proxy = LlmProxy::start(
+            vec![BackendEntry {
+                backend: Arc::new(backend),
+                max_running_requests: running,
+                update_timeout: None,
+            }],
+            plan.routing().policy(),
+            plan.proxy().clone(),
+        );
+        let (_, eval_make) = env_factories(plan.env())?;
+        let (version_tx, vrx) = watch::channel(version);
+        let eval_envs = greedy_env_manager(&proxy, policy, env_manager_config(plan, policy), vrx);
+        Ok(Probe {
+            proxy,
+            _version: version_tx,
+            eval_envs,
+            eval_make,
         })
     }
 
@@ -882,6 +905,79 @@ const TOKENIZER_PROBE: &str = "Q: 12+7=19, 19 - 3 = 16.\n#### 16\n\n  The café'
 
 /// The training and evaluation factories of `source`. Remote ones share one client (one
 /// connection pool) per run: each trajectory gets a new environment, not a new client.
+/// What [`Stack::probe`] builds: evaluation environments over one engine of their own.
+pub struct Probe {
+    proxy: LlmProxy,
+    /// Keeps the environment manager's version channel open.
+    _version: watch::Sender<PolicyVersion>,
+    pub eval_envs: EnvManager,
+    pub eval_make: EnvFactory,
+}
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probe").field("proxy", &self.proxy).finish()
+    }
+}
+
+impl Probe {
+    /// Stops its engine and proxy.
+    pub async fn shutdown(self) -> Result<(), ProxyError> {
+        self.proxy.shutdown().await.map(|_| ())
+    }
+}
+
+/// An in-process engine serving `model` as `version`.
+fn engine(
+    model: Arc<rollflash_model::model::Transformer>,
+    version: PolicyVersion,
+    name: &str,
+    threads: usize,
+    max_running_requests: usize,
+) -> Result<EngineBackend, StackError> {
+    Ok(EngineBackend::start(
+        model,
+        version,
+        EngineBackendConfig {
+            name: name.to_string(),
+            engine: EngineConfig {
+                max_running_requests,
+                threads,
+                ..Default::default()
+            },
+        },
+    )?)
+}
+
+/// The plan's environment-manager settings with the policy's stop tokens.
+fn env_manager_config(plan: &RunPlan, policy: &Policy) -> EnvManagerConfig {
+    let mut cfg = plan.env_manager().clone();
+    cfg.sampling.stop_token_ids = policy.stop_tokens();
+    cfg
+}
+
+/// An environment manager that decodes greedily: what every evaluation runs.
+fn greedy_env_manager(
+    proxy: &LlmProxy,
+    policy: &Policy,
+    cfg: EnvManagerConfig,
+    version: watch::Receiver<PolicyVersion>,
+) -> EnvManager {
+    EnvManager::new(
+        proxy.handle(),
+        Arc::clone(&policy.tokenizer),
+        policy.renderer.clone(),
+        EnvManagerConfig {
+            sampling: rollflash_core::SamplingParams {
+                temperature: 0.0,
+                ..cfg.sampling.clone()
+            },
+            ..cfg
+        },
+        version,
+    )
+}
+
 fn env_factories(source: &EnvSource) -> Result<(EnvFactory, EnvFactory), StackError> {
     fn local(spec: EnvSpec) -> EnvFactory {
         Arc::new(move || make_env(&spec))

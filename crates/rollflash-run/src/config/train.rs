@@ -48,6 +48,13 @@ pub struct TrainSection {
     pub eval_problems: usize,
     /// Samples per held-out task for pass@1 at the rollout temperature (0 = greedy only).
     pub eval_samples: usize,
+    /// Every this many steps, the greedy held-out evaluation of the policy just published
+    /// (the same `eval_problems` tasks as before and after RL, on an engine of its own, so
+    /// the number is that version's), written to the step's `metrics.jsonl` line as
+    /// `eval_greedy` (success rate), `eval_mean_reward` and, for math, `eval_format_free`;
+    /// 0 = never. Not with a Tinker learner (its
+    /// weights live on the server).
+    pub eval_every: usize,
     /// `[train.lora]`: train LoRA adapters (PEFT's definition) on a frozen base instead of
     /// every weight. Absent = full fine-tuning. Fields: `rank` (8), `alpha` (8), `dropout`
     /// (0), `target_modules` (the attention and MLP projections: `q_proj`, `k_proj`,
@@ -85,6 +92,7 @@ impl Default for TrainSection {
             shaping: ShapingConfig::default(),
             eval_problems: 200,
             eval_samples: 4,
+            eval_every: 10,
             lora: None,
         }
     }

@@ -113,3 +113,59 @@ fn auto_renders_a_saved_builtin_model_plain() {
     let r = rollflash_run::stack::renderer(chat.rollout.renderer, Some(dir.path())).unwrap();
     assert!(matches!(r, rollflash_rollout::Renderer::Chat { .. }));
 }
+
+/// `train.eval_every`: the periodic evaluation on its own engine reports what `rollflash
+/// eval` of the checkpoint written at the same step reports (greedy, the same held-out tasks),
+/// and none at the last step (the evaluation after RL covers it).
+#[test]
+fn the_periodic_evaluation_equals_eval_of_the_checkpoint_of_its_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sets = crate::util::tiny_lake_sets(dir.path());
+    sets.extend([
+        "warmup.steps=0".to_string(),
+        "train.steps=4".into(),
+        "train.eval_problems=6".into(),
+        "train.eval_samples=0".into(),
+        "train.eval_every=2".into(),
+        "checkpoint.every=2".into(),
+        "checkpoint.keep=4".into(),
+        "metrics.report=false".into(),
+    ]);
+    let set_args: Vec<String> = sets
+        .iter()
+        .flat_map(|s| ["--set".into(), s.clone()])
+        .collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_rollflash"))
+        .arg("train")
+        .args(&set_args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "train failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = rollflash_run::metrics::read(&dir.path().join("metrics.jsonl")).unwrap();
+    assert_eq!(rows.len(), 4);
+    for (i, row) in rows.iter().enumerate() {
+        // Step index 1 published policy 2; the last step's policy is evaluated after RL.
+        assert_eq!(row.get("eval_greedy").is_some(), i == 1, "row {i}: {row}");
+    }
+    let periodic = rows[1]["eval_mean_reward"].as_f64().unwrap();
+    let greedy = rows[1]["eval_greedy"].as_f64().unwrap();
+    let ckpt = dir.path().join("checkpoints/step-00000002");
+    let out = Command::new(env!("CARGO_BIN_EXE_rollflash"))
+        .args(["eval", "--checkpoint"])
+        .arg(&ckpt)
+        .args(["--problems", "6"])
+        .args(&set_args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "eval failed: {stdout}");
+    assert!(
+        stdout.contains(&format!("success rate {greedy:.3}"))
+            && stdout.contains(&format!("mean reward {periodic:.3}")),
+        "periodic evaluation: success {greedy}, mean reward {periodic}; rollflash eval: {stdout}"
+    );
+}
