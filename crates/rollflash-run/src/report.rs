@@ -131,20 +131,32 @@ fn reward_chart(
     chart
 }
 
-/// The held-out greedy success rates as points: before RL at step 0 (the policy the first
-/// step's rollouts come from), after RL at the step after the last (the policy every step
-/// trained).
-fn eval_points(summary: Option<&RunSummary>) -> Vec<(f64, f64)> {
+/// One number of an evaluation, where it has it.
+type EvalMeasure = fn(&EvalResult) -> Option<f64>;
+
+/// Held-out greedy points of one measure (`key` in a step's line, `of` an evaluation): before
+/// RL at step 0 (the policy the first step's rollouts come from), the periodic ones
+/// (`train.eval_every`) of the policy step `k` published at `k + 1`, after RL at the step
+/// after the last (the policy every step trained).
+fn eval_points(
+    rows: &[Value],
+    summary: Option<&RunSummary>,
+    key: &str,
+    of: EvalMeasure,
+) -> Vec<(f64, f64)> {
+    let periodic = col(rows, "step", key)
+        .into_iter()
+        .map(|(step, y)| (step + 1.0, y));
     let Some(s) = summary else {
-        return Vec::new();
+        return periodic.collect();
     };
-    [
-        (0.0, s.eval_before.map(|e| e.success_rate)),
-        (s.steps as f64, s.eval_after.map(|e| e.success_rate)),
-    ]
-    .into_iter()
-    .filter_map(|(x, y)| Some((x, y?)))
-    .collect()
+    let before = s.eval_before.as_ref().and_then(of).map(|y| (0.0, y));
+    let after = s
+        .eval_after
+        .as_ref()
+        .and_then(of)
+        .map(|y| (s.steps as f64, y));
+    before.into_iter().chain(periodic).chain(after).collect()
 }
 
 /// Draws every chart that has data; returns the file names written.
@@ -171,9 +183,19 @@ fn plot(
         col(rows, "step", "accuracy"),
     )
     .integer_x();
-    let evals = eval_points(summary);
-    if !evals.is_empty() {
-        by_step = by_step.with(Series::new("held-out greedy success", evals).styled(Style::Points));
+    let held_out: [(&str, &str, EvalMeasure); 2] = [
+        ("held-out greedy success", "eval_greedy", |e| {
+            Some(e.success_rate)
+        }),
+        ("held-out greedy, format-free", "eval_format_free", |e| {
+            e.format_free
+        }),
+    ];
+    for (name, key, of) in held_out {
+        let evals = eval_points(rows, summary, key, of);
+        if !evals.is_empty() {
+            by_step = by_step.with(Series::new(name, evals).styled(Style::Points));
+        }
     }
     let mut staleness =
         Chart::new("Staleness of trained samples", "step", "policy versions").integer_x();
