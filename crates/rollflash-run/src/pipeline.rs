@@ -1083,8 +1083,14 @@ impl PeriodicEval {
             }
             e
         };
-        // Only a runtime that cannot be built (no memory for a thread) lands here.
-        Ok(block_on_here(fut).flatten())
+        match block_on_here(fut) {
+            Some(e) => Ok(e),
+            None => {
+                // Only a thread or runtime that cannot be made (no memory) lands here.
+                tracing::warn!(%version, "periodic evaluation skipped: no thread or runtime to run it on");
+                Ok(None)
+            }
+        }
     }
 }
 
