@@ -117,7 +117,8 @@ impl HttpCommon {
         while loaded.len() > ADAPTERS_KEPT {
             let Some(old) = loaded.pop_front() else { break };
             let body = json!({ "lora_name": old });
-            if let Err(e) = self.http.post(unload_route, &body).await {
+            // vLLM answers in plain text, SGLang in JSON.
+            if let Err(e) = self.http.post_text_ok(unload_route, &body).await {
                 // A leftover adapter costs server memory, not correctness: say so, go on.
                 tracing::warn!(backend = %self.name(), adapter = %old, "cannot unload adapter: {e}");
             }

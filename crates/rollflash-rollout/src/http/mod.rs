@@ -160,12 +160,26 @@ impl HttpClient {
 
     /// `POST base + route` with a JSON body; the JSON answer (`null` for an empty body).
     pub(crate) async fn post(&self, route: &str, body: &Value) -> Result<Value, BackendError> {
-        self.call(reqwest::Method::POST, route, Some(body)).await
+        self.call(reqwest::Method::POST, route, Some(body), Answer::Json)
+            .await
+    }
+
+    /// `POST` to a route whose success may be plain text (vLLM's LoRA routes answer
+    /// `Success: LoRA adapter '…' added successfully.`): JSON as JSON, other text as a JSON
+    /// string.
+    pub(crate) async fn post_text_ok(
+        &self,
+        route: &str,
+        body: &Value,
+    ) -> Result<Value, BackendError> {
+        self.call(reqwest::Method::POST, route, Some(body), Answer::JsonOrText)
+            .await
     }
 
     /// `GET base + route`; the JSON answer (`null` for an empty body).
     pub(crate) async fn get(&self, route: &str) -> Result<Value, BackendError> {
-        self.call(reqwest::Method::GET, route, None).await
+        self.call(reqwest::Method::GET, route, None, Answer::Json)
+            .await
     }
 
     async fn call(
@@ -173,11 +187,12 @@ impl HttpClient {
         method: reqwest::Method,
         route: &str,
         body: Option<&Value>,
+        answer: Answer,
     ) -> Result<Value, BackendError> {
         let mut delay = self.cfg.backoff_initial;
         let mut attempt = 0;
         loop {
-            match self.once(method.clone(), route, body).await {
+            match self.once(method.clone(), route, body, answer).await {
                 Err(e) if e.retryable() && attempt < self.cfg.max_retries => {
                     tracing::debug!(
                         backend = %self.name, %method, route, attempt,
@@ -197,6 +212,7 @@ impl HttpClient {
         method: reqwest::Method,
         route: &str,
         body: Option<&Value>,
+        answer: Answer,
     ) -> Result<Value, CallError> {
         let mut rb = self.client.request(method, format!("{}{route}", self.base));
         if let Some(key) = &self.cfg.api_key {
@@ -217,10 +233,16 @@ impl HttpClient {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Value::Null);
         }
-        serde_json::from_slice(&bytes).map_err(|source| CallError::Decode {
-            source,
-            body: truncate(&String::from_utf8_lossy(&bytes)),
-        })
+        match serde_json::from_slice(&bytes) {
+            Ok(v) => Ok(v),
+            Err(_) if answer == Answer::JsonOrText => {
+                Ok(Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+            }
+            Err(source) => Err(CallError::Decode {
+                source,
+                body: truncate(&String::from_utf8_lossy(&bytes)),
+            }),
+        }
     }
 
     /// A protocol error naming this backend.
@@ -398,6 +420,13 @@ fn is_loopback(url: &str) -> bool {
         || host
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// What a successful answer's body must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Json,
+    JsonOrText,
 }
 
 /// One failed attempt.

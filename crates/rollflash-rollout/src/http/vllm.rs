@@ -486,11 +486,19 @@ impl VllmBackend {
         name: &str,
         version: PolicyVersion,
     ) -> Result<(), BackendError> {
+        // vLLM refuses (400) a name it already holds, and what it holds under the name may be
+        // another run's (a run resumed, or restarted, against the same server publishes its
+        // versions again): it is unloaded first, so the name always means this directory.
+        if self.served_names().await?.iter().any(|s| s == name) {
+            self.http()
+                .post_text_ok(UNLOAD_LORA, &json!({ "lora_name": name }))
+                .await?;
+        }
         let body = json!({ "lora_name": name, "lora_path": dir.to_string_lossy() });
         // A 404 means vLLM was started without VLLM_ALLOW_RUNTIME_LORA_UPDATING; a 400, LoRA
         // off or a rank above --max-lora-rank.
         self.http()
-            .post(LOAD_LORA, &body)
+            .post_text_ok(LOAD_LORA, &body)
             .await
             .map_err(|e| self.common.adapter_refused(LOAD_LORA, e))?;
         let served = self.served_names().await?;

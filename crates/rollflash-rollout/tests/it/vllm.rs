@@ -12,8 +12,11 @@
 //! keeps the partial output; an abort-mode pause returns partial tokens and the request resumes
 //! from them; a keep-mode pause across a disk weight reload labels each token with the version
 //! that produced it; the reload changes outputs, the new log-probs match our trainer on the new
-//! weights, and the served version is verified; then the `Backend` conformance suite that
-//! every implementation runs (`conformance.rs`).
+//! weights, and the served version is verified; adapter-only sync (the server runs with
+//! runtime LoRA on): each version's PEFT adapter is loaded by name, generation names it, its
+//! log-probs are our trainer's on the adapted model and not the base's, old adapters are
+//! unloaded; then the `Backend` conformance suite that every implementation runs
+//! (`conformance.rs`).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -24,11 +27,13 @@ use std::time::{Duration, Instant};
 use candle_core::{DType, Device};
 use rollflash_core::{FinishReason, GenRequest, PolicyVersion, RequestId, SamplingParams};
 use rollflash_model::hf;
+use rollflash_model::lora::{init_adapters, Adapters, LoraConfig};
 use rollflash_model::model::Transformer;
 use rollflash_model::train::token_stats;
 use rollflash_model::weights::Weights;
 use rollflash_rollout::{
-    Backend, BackendError, HttpBackendConfig, PauseMode, VllmBackend, WeightUpdate,
+    AdapterProbe, Backend, BackendError, DiskWeights, HttpBackendConfig, Layout, PauseMode,
+    VllmBackend, WeightPublisher, WeightUpdate,
 };
 
 /// Largest |vLLM − ours| allowed for one sampled token's log-prob (both float32, same weights;
@@ -91,6 +96,9 @@ impl Server {
             .arg(repo_root().join("scripts/start_vllm.sh"))
             .arg(model_dir)
             .arg(port.to_string())
+            // Runtime LoRA adapters (check 8): rank 8 is what it loads.
+            .args(["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"])
+            .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
             // Ends the server should this test be killed before `drop` runs.
             .env("ROLLFLASH_PARENT_PID", std::process::id().to_string())
             .stdout(file)
@@ -252,6 +260,40 @@ fn max_logprob_gap(
         .zip(vllm)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0, f32::max)
+}
+
+/// `base` with rank-8 adapters on every projection whose `B` is `b` everywhere (a fresh `B` is
+/// zero: the adapter would change nothing, and no probe could tell it from the base).
+fn adapted(base: &Transformer, b: f64) -> Arc<Transformer> {
+    let cfg = base.config().clone();
+    let lora = LoraConfig::default();
+    let init = init_adapters(&cfg, &lora, 1, DType::F32, &Device::Cpu).unwrap();
+    let mut weights = Weights::default();
+    for name in init.names() {
+        let t = &init.tensors()[name];
+        let t = if name.ends_with("lora_B.weight") {
+            (t.ones_like().unwrap() * b).unwrap()
+        } else {
+            t.clone()
+        };
+        weights.insert(name, t);
+    }
+    let adapters = Adapters {
+        config: lora,
+        weights,
+    };
+    Arc::new(
+        Transformer::with_adapters(&cfg, &base.weights(), &adapters, DType::F32, &Device::Cpu)
+            .unwrap(),
+    )
+}
+
+/// Total size of the files in `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum()
 }
 
 /// Weights whose outputs differ from the original: every MLP down-projection scaled by 1.3
@@ -549,7 +591,90 @@ async fn checks(server: &Server, model_dir: &Path, tmp: &Path) {
     assert_eq!(g4.output.tokens, g1, "the original weights are back");
     assert!(g4.output.versions.iter().all(|v| *v == PolicyVersion(2)));
 
-    // 8. The `Backend` conformance suite every implementation runs, from version 0 again.
+    // 8. Adapter-only sync, the route `rollflash train` takes for `[train.lora]` and a vLLM
+    //    server: each version is published as a PEFT adapter (no merged model), loaded with
+    //    `/v1/load_lora_adapter` on the one base, listed by `/v1/models`, named by every call
+    //    after it; the probe after each load proves vLLM applies it; its log-probs are our
+    //    trainer's on the adapted model, far from the base's; all but the newest two are
+    //    unloaded.
+    let publisher = Arc::new(
+        WeightPublisher::new(tmp.join("published"), 2, loaded.config.clone(), None).unwrap(),
+    );
+    let sync = DiskWeights::adapter(
+        Arc::clone(&vllm) as Arc<dyn Backend>,
+        Arc::clone(&publisher),
+        AdapterProbe::default(),
+    );
+    for v in 3..=5u64 {
+        let version = PolicyVersion(v);
+        let model = adapted(&loaded.model, 0.01 * (v - 2) as f64);
+        // As the proxy's weight sync does: pause, update, resume.
+        sync.pause(PauseMode::Keep).await.unwrap();
+        let t0 = Instant::now();
+        sync.update_weights(&WeightUpdate::InProcess {
+            model: Arc::clone(&model),
+            version,
+        })
+        .await
+        .unwrap();
+        let took = t0.elapsed();
+        sync.resume().await.unwrap();
+        assert_eq!(sync.layout(), Layout::Adapter, "vLLM took the adapter");
+        assert!(
+            !publisher.dir_of(version).exists(),
+            "no merged model written"
+        );
+        let bytes = dir_bytes(&publisher.adapter_dir_of(version));
+        let out = sync
+            .generate(GenRequest::new(
+                RequestId(80 + v),
+                prompt.clone(),
+                params(1.0, 24),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(out.output.len(), 24);
+        assert!(out.output.versions.iter().all(|x| *x == version));
+        let gap = max_logprob_gap(
+            &model,
+            &prompt,
+            &out.output.tokens,
+            &out.output.logprobs,
+            1.0,
+        );
+        let gap_base = max_logprob_gap(
+            &loaded.model,
+            &prompt,
+            &out.output.tokens,
+            &out.output.logprobs,
+            1.0,
+        );
+        eprintln!(
+            "vllm test: adapter {version}: {bytes} bytes published, loaded and probed in \
+             {took:.2?}; log-prob gap {gap:.2e} to the adapted model, {gap_base:.2e} to the base"
+        );
+        assert!(gap <= LOGPROB_TOL, "adapter {version}: gap {gap}");
+        assert!(
+            gap_base > 10.0 * LOGPROB_TOL,
+            "adapter {version}: the base fits too well ({gap_base})"
+        );
+    }
+    let served: serde_json::Value = reqwest::get(format!("{}/v1/models", server.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut ids: Vec<&str> = served["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["rollflash-v4", "rollflash-v5", MODEL]);
+
+    // 9. The `Backend` conformance suite every implementation runs, from version 0 again.
     let t0 = Instant::now();
     let reset = WeightUpdate::Disk {
         path: model_dir.to_path_buf(),
