@@ -258,6 +258,10 @@ pub struct DiskWeights {
     layout: Layout,
     /// Set when the server refused adapters: merged weights from then on.
     fell_back: AtomicBool,
+    /// Set once the server is known to serve the base this run's adapters go on. Adapters
+    /// alone never carry the base, and the server's need not be the trainer's: a warm-up
+    /// trains the whole model before the adapters, a resumed run's checkpoint holds its own.
+    base_checked: AtomicBool,
     probe: AdapterProbe,
 }
 
@@ -270,6 +274,7 @@ impl DiskWeights {
             tinker: None,
             layout: Layout::Merged,
             fell_back: AtomicBool::new(false),
+            base_checked: AtomicBool::new(false),
             probe: AdapterProbe::default(),
         }
     }
@@ -299,6 +304,7 @@ impl DiskWeights {
             tinker: Some(adapters),
             layout: Layout::Adapter,
             fell_back: AtomicBool::new(false),
+            base_checked: AtomicBool::new(false),
             probe: AdapterProbe::default(),
         }
     }
@@ -374,6 +380,10 @@ impl DiskWeights {
         model: &Arc<Transformer>,
         version: PolicyVersion,
     ) -> Result<bool, BackendError> {
+        if !self.base_checked.load(Ordering::SeqCst) {
+            self.ensure_base(model, version).await?;
+            self.base_checked.store(true, Ordering::SeqCst);
+        }
         let dir = self
             .publisher()?
             .publish_adapter(model, version)
@@ -405,6 +415,35 @@ impl DiskWeights {
         let repaused = self.inner.pause(PauseMode::Keep).await;
         checked?;
         repaused.map(|()| true)
+    }
+}
+
+impl DiskWeights {
+    /// Makes the server serve the base `model`'s adapters go on: a probe of the base it
+    /// serves now, and where that is not the trainer's, the base sent whole, once.
+    async fn ensure_base(
+        &self,
+        model: &Arc<Transformer>,
+        version: PolicyVersion,
+    ) -> Result<(), BackendError> {
+        let base = Arc::new(base_of(self.inner.as_ref(), model)?);
+        // As around the adapter's probe: the sync holds the backend paused.
+        self.inner.resume().await?;
+        let gap = self.probe.gap(self.inner.as_ref(), &base, version).await;
+        let repaused = self.inner.pause(PauseMode::Keep).await;
+        let gap = gap?;
+        repaused?;
+        if gap <= self.probe.tolerance {
+            return Ok(());
+        }
+        tracing::info!(
+            backend = %self.inner.name(),
+            %version,
+            gap,
+            "the server's base model is not the trainer's (a warm-up or a checkpoint changed \
+             it): it is sent whole once, adapters after it"
+        );
+        self.send_merged(&base, version).await
     }
 }
 
@@ -473,7 +512,82 @@ pub(crate) async fn probe_generation(
     Ok((prompt, backend.generate(req).await?.output))
 }
 
+/// The trainer's log-probs of `tokens` after `prompt` under each of `models` (T = 1), on a
+/// blocking thread.
+async fn score(
+    backend: &dyn Backend,
+    models: Vec<Transformer>,
+    prompt: &[u32],
+    tokens: &[u32],
+) -> Result<Vec<Vec<f32>>, BackendError> {
+    let mut seq = prompt.to_vec();
+    seq.extend_from_slice(tokens);
+    let p = prompt.len();
+    tokio::task::spawn_blocking(move || {
+        models
+            .iter()
+            .map(|m| {
+                let st = rollflash_model::train::token_stats(m, &[&seq], 1.0, true)?;
+                Ok(st.logprobs.to_vec1::<f32>()?[p..].to_vec())
+            })
+            .collect::<Result<Vec<_>, rollflash_model::ModelError>>()
+    })
+    .await
+    .map_err(|e| BackendError::Unavailable {
+        backend: backend.name().to_string(),
+        reason: "the adapter probe's scoring task failed".into(),
+        source: Some(Box::new(e)),
+    })?
+    .map_err(|e| BackendError::Unavailable {
+        backend: backend.name().to_string(),
+        reason: "the adapter probe could not score the served tokens".into(),
+        source: Some(Box::new(e)),
+    })
+}
+
+/// `model` without its adapters: the base they go on (the tensors are shared).
+fn base_of(backend: &dyn Backend, model: &Transformer) -> Result<Transformer, BackendError> {
+    Transformer::from_weights(
+        model.config(),
+        &model.weights(),
+        model.dtype(),
+        model.device(),
+    )
+    .map_err(|e| BackendError::Unavailable {
+        backend: backend.name().to_string(),
+        reason: "cannot build the base model for the adapter probe".into(),
+        source: Some(Box::new(e)),
+    })
+}
+
+/// Largest |served − trainer| over a probe's tokens.
+fn max_gap(served: &[f32], trainer: &[f32]) -> f32 {
+    served
+        .iter()
+        .zip(trainer)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max)
+}
+
 impl AdapterProbe {
+    /// Largest |served − trainer's `model`| of a probe generation on `backend` as it is now
+    /// (no adapter named); infinite when it generates nothing.
+    async fn gap(
+        &self,
+        backend: &dyn Backend,
+        model: &Arc<Transformer>,
+        version: PolicyVersion,
+    ) -> Result<f32, BackendError> {
+        let (prompt, served) =
+            probe_generation(backend, model.config().vocab_size, self.tokens, version).await?;
+        if served.tokens.is_empty() {
+            return Ok(f32::INFINITY);
+        }
+        let m = Transformer::clone(model);
+        let lp = score(backend, vec![m], &prompt, &served.tokens).await?;
+        Ok(max_gap(&served.logprobs, &lp[0]))
+    }
+
     async fn check(
         &self,
         backend: &dyn Backend,
@@ -485,38 +599,18 @@ impl AdapterProbe {
         if served.tokens.is_empty() {
             return Err(self.failed(backend, version, "the probe generated no tokens".into()));
         }
-        let model = Arc::clone(model);
-        let mut seq = prompt.clone();
-        seq.extend_from_slice(&served.tokens);
-        let p = prompt.len();
-        let (adapted, base) = tokio::task::spawn_blocking(move || {
-            let lp = |m: &Transformer| -> Result<Vec<f32>, rollflash_model::ModelError> {
-                let st = rollflash_model::train::token_stats(m, &[&seq], 1.0, true)?;
-                Ok(st.logprobs.to_vec1::<f32>()?[p..].to_vec())
-            };
-            let base = Transformer::from_weights(
-                model.config(),
-                &model.weights(),
-                model.dtype(),
-                model.device(),
-            )?;
-            Ok::<_, rollflash_model::ModelError>((lp(&model)?, lp(&base)?))
-        })
-        .await
-        .map_err(|e| BackendError::Unavailable {
-            backend: backend.name().to_string(),
-            reason: "the adapter probe's scoring task failed".into(),
-            source: Some(Box::new(e)),
-        })??;
-        let dist = |a: &[f32]| {
-            served
-                .logprobs
-                .iter()
-                .zip(a)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0f32, f32::max)
-        };
-        let (to_adapted, to_base) = (dist(&adapted), dist(&base));
+        let base = base_of(backend, model)?;
+        let lp = score(
+            backend,
+            vec![Transformer::clone(model), base],
+            &prompt,
+            &served.tokens,
+        )
+        .await?;
+        let (to_adapted, to_base) = (
+            max_gap(&served.logprobs, &lp[0]),
+            max_gap(&served.logprobs, &lp[1]),
+        );
         let bad_version = served.versions.iter().find(|v| **v != version);
         if let Some(v) = bad_version {
             return Err(self.failed(

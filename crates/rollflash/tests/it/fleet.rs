@@ -101,6 +101,11 @@ fn train(dir: &Path, config: &Path) -> Child {
 }
 
 fn train_with(dir: &Path, config: &Path, extra: &[&str]) -> Child {
+    train_args(dir, config, extra, &[])
+}
+
+/// [`train_with`] plus command-line arguments (`--resume`).
+fn train_args(dir: &Path, config: &Path, extra: &[&str], args: &[&str]) -> Child {
     let mut sets = crate::util::tiny_lake_sets(dir);
     sets.extend([
         "seed=3".into(),
@@ -112,7 +117,7 @@ fn train_with(dir: &Path, config: &Path, extra: &[&str]) -> Child {
     ]);
     sets.extend(extra.iter().map(|s| s.to_string()));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollflash"));
-    cmd.arg("train").arg("--config").arg(config);
+    cmd.arg("train").arg("--config").arg(config).args(args);
     for s in sets {
         cmd.arg("--set").arg(s);
     }
@@ -249,6 +254,94 @@ fn a_run_on_two_servers_survives_losing_one_and_ends_with_the_other_at_the_final
         .collect();
     kept.sort();
     assert_eq!(kept, [format!("v{:08}", STEPS - 1), format!("v{STEPS:08}")]);
+}
+
+/// `[train.lora]` on a server with runtime adapter routes: the server starts on another base
+/// than the trainer's (`--init-seed`), as after a warm-up, so the first sync's probe finds it
+/// and sends the base whole once; every version after reaches it as its adapter only, and it
+/// lists the newest two. A run stopped after step 2 and continued with `--resume` finds the
+/// base right (nothing whole is sent again), loads its checkpoint's adapter onto the same
+/// server (which still holds one of that name), then goes on to the final version.
+#[test]
+fn lora_versions_reach_a_server_as_adapters_and_a_resumed_run_reloads_its_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let published = dir.join("published");
+    std::fs::create_dir_all(&published).unwrap();
+    let server = serve(&published, &dir.join("serve.err"));
+    let config = write_config(dir, &[("sglang", &server.url)]);
+    let lora = "train.lora={rank=4, alpha=8}";
+    let every = "checkpoint.every=1";
+    let served = || {
+        let mut ids: Vec<String> = get_json(format!("{}/v1/models", server.url))["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let on_disk = || {
+        let mut names: Vec<String> = std::fs::read_dir(&published)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    const WHOLE: &str = "it is sent whole once";
+
+    let mut run = train_with(dir, &config, &[lora, every, "train.steps=2"]);
+    let status = wait_exit(&mut run, Duration::from_secs(90), dir);
+    let err = std::fs::read_to_string(dir.join("train.err")).unwrap_or_default();
+    assert!(status.success(), "the first run failed: {status}\n{err}");
+    assert_eq!(err.matches(WHOLE).count(), 1, "the base sent once:\n{err}");
+    assert_eq!(served(), ["rollflash", "rollflash-v1", "rollflash-v2"]);
+    assert_eq!(
+        on_disk(),
+        ["adapter-v00000001", "adapter-v00000002", "v00000000"]
+    );
+
+    let mut run = train_args(dir, &config, &[lora, every], &["--resume"]);
+    let status = wait_exit(&mut run, Duration::from_secs(90), dir);
+    let err = std::fs::read_to_string(dir.join("train.err")).unwrap_or_default();
+    assert!(status.success(), "the resumed run failed: {status}\n{err}");
+    let start = err
+        .lines()
+        .find(|l| l.contains("server loaded the starting weights"))
+        .unwrap_or_else(|| panic!("no start-up load in:\n{err}"));
+    assert!(
+        start.contains("version=v2"),
+        "the checkpoint's version first: {start}"
+    );
+    assert!(!err.contains(WHOLE), "the base is right now:\n{err}");
+    let m = metrics(dir);
+    assert_eq!(m.len() as u64, STEPS, "steps 1-2, then 3-{STEPS}");
+    for (i, s) in m.iter().enumerate() {
+        crate::util::assert_balanced(s, &format!("step {i}"));
+    }
+    // The resumed process unloads (and prunes on disk) what it loaded beyond the newest two
+    // (v2 again, v3); v1, which the first process left, stays until the server restarts
+    // (RELIABILITY.md).
+    assert_eq!(
+        served(),
+        [
+            "rollflash".to_string(),
+            "rollflash-v1".into(),
+            format!("rollflash-v{}", STEPS - 1),
+            format!("rollflash-v{STEPS}")
+        ]
+    );
+    assert_eq!(
+        on_disk(),
+        [
+            "adapter-v00000001".to_string(),
+            format!("adapter-v{:08}", STEPS - 1),
+            format!("adapter-v{STEPS:08}"),
+            "v00000000".into()
+        ]
+    );
 }
 
 #[test]
