@@ -14,8 +14,9 @@
 //! that produced it; the reload changes outputs, the new log-probs match our trainer on the new
 //! weights, and the served version is verified; adapter-only sync (the server runs with
 //! runtime LoRA on): each version's PEFT adapter is loaded by name, generation names it, its
-//! log-probs are our trainer's on the adapted model and not the base's, old adapters are
-//! unloaded; then the `Backend` conformance suite that every implementation runs
+//! log-probs are our trainer's on the adapted model and not the base's, a request kept in
+//! place across an adapter switch keeps its adapter (its tokens carry its version, and its
+//! log-probs are that adapter's), old adapters are unloaded; then the `Backend` conformance suite that every implementation runs
 //! (`conformance.rs`).
 
 use std::io::Read;
@@ -600,14 +601,30 @@ async fn checks(server: &Server, model_dir: &Path, tmp: &Path) {
     let publisher = Arc::new(
         WeightPublisher::new(tmp.join("published"), 2, loaded.config.clone(), None).unwrap(),
     );
-    let sync = DiskWeights::adapter(
+    let sync = Arc::new(DiskWeights::adapter(
         Arc::clone(&vllm) as Arc<dyn Backend>,
         Arc::clone(&publisher),
         AdapterProbe::default(),
-    );
+    ));
+    let mut previous: Option<Arc<Transformer>> = None;
     for v in 3..=5u64 {
         let version = PolicyVersion(v);
         let model = adapted(&loaded.model, 0.01 * (v - 2) as f64);
+        // At v4, a request running under v3's adapter is kept in place across the switch:
+        // it names v3's adapter to the end, so all its tokens are v3's, as their log-probs
+        // show.
+        let kept = previous.as_ref().map(|old| {
+            let task = tokio::spawn({
+                let sync = Arc::clone(&sync);
+                let req = GenRequest::new(RequestId(90 + v), prompt.clone(), params(1.0, 200));
+                async move { sync.generate(req).await }
+            });
+            (Arc::clone(old), task)
+        });
+        if kept.is_some() {
+            let since = generated_tokens(&server.url).await;
+            until_generated(&server.url, since, 8.0).await;
+        }
         // As the proxy's weight sync does: pause, update, resume.
         sync.pause(PauseMode::Keep).await.unwrap();
         let t0 = Instant::now();
@@ -658,6 +675,23 @@ async fn checks(server: &Server, model_dir: &Path, tmp: &Path) {
             gap_base > 10.0 * LOGPROB_TOL,
             "adapter {version}: the base fits too well ({gap_base})"
         );
+        if let Some((old, task)) = kept {
+            let out = tokio::time::timeout(Duration::from_secs(120), task)
+                .await
+                .expect("a kept request finishes")
+                .unwrap()
+                .unwrap();
+            assert_eq!(out.finish_reason, FinishReason::Length);
+            let before = PolicyVersion(v - 1);
+            assert!(out.output.versions.iter().all(|x| *x == before));
+            let gap = max_logprob_gap(&old, &prompt, &out.output.tokens, &out.output.logprobs, 1.0);
+            eprintln!(
+                "vllm test: a request kept across the switch to {version}: 200 tokens of \
+                 {before}, log-prob gap {gap:.2e} to its adapter"
+            );
+            assert!(gap <= LOGPROB_TOL, "kept request: gap {gap}");
+        }
+        previous = Some(model);
     }
     let served: serde_json::Value = reqwest::get(format!("{}/v1/models", server.url))
         .await
