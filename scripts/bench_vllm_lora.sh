@@ -33,6 +33,7 @@ VLLM_ALLOW_RUNTIME_LORA_UPDATING=True setsid scripts/start_vllm.sh models/smollm
   --enable-lora --max-lora-rank 32 --max-loras 2 >"$OUT/vllm.log" 2>&1 &
 VLLM=$!
 trap 'kill -- -$VLLM 2>/dev/null || true' EXIT
+trap 'exit 143' INT TERM
 start=$(date +%s)
 until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
   kill -0 "$VLLM" 2>/dev/null || die "vLLM exited while starting (see $OUT/vllm.log)"
