@@ -357,8 +357,8 @@ async fn by_source_routes_rows_to_their_function() {
     assert_eq!(r, 0.5, "{info}");
 }
 
-/// A venv of its own with one small pure-Python package, or why not (no network, no venv).
-fn venv_with(dir: &Path, package: &str) -> Result<PathBuf, String> {
+/// A venv of its own with one Python package, or why not (no network, no venv).
+pub(crate) fn venv_with(dir: &Path, package: &str) -> Result<PathBuf, String> {
     let venv = dir.join("venv");
     let out = Command::new("python3")
         .args(["-m", "venv"])

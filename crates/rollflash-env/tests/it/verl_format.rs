@@ -192,6 +192,56 @@ fn verl_parquet_and_the_same_jsonl_load_to_equal_records() {
     assert_eq!(r.extra["prompt"][0]["role"], json!("user"));
 }
 
+/// The same rows written by pyarrow — what verl's preprocessing writes with (`datasets` →
+/// `to_parquet`), its types inferred from the Python rows as there — load to the records our
+/// own writer's file gives: the reader follows the file's schema, not our writer's. Skipped,
+/// saying why, where a venv with pyarrow cannot be made (no python3, no PyPI).
+#[test]
+fn verl_parquet_written_by_pyarrow_loads_like_ours() {
+    let dir = tempfile::tempdir().unwrap();
+    let python = match crate::python_reward::venv_with(dir.path(), "pyarrow==21.0.0") {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("skipped: verl_parquet_written_by_pyarrow_loads_like_ours: {why}");
+            return;
+        }
+    };
+    let rows_file = jsonl(&dir, "rows.jsonl", &rows());
+    let ours = load(&verl_config(parquet(&dir, "ours.parquet", &rows()))).unwrap();
+    // pyarrow's default compression (Snappy, which `datasets` keeps), and the others files
+    // on the Hub come in.
+    for compression in ["snappy", "zstd", "gzip", "lz4", "none"] {
+        let out = dir.path().join(format!("pyarrow-{compression}.parquet"));
+        let script = "import json, sys\n\
+                      import pyarrow as pa, pyarrow.parquet as pq\n\
+                      rows = [json.loads(l) for l in open(sys.argv[1])]\n\
+                      pq.write_table(pa.Table.from_pylist(rows), sys.argv[2], \
+                                     compression=sys.argv[3])\n\
+                      print(pq.read_schema(sys.argv[2]))\n";
+        let run = std::process::Command::new(&python)
+            .arg("-c")
+            .arg(script)
+            .arg(&rows_file)
+            .arg(&out)
+            .arg(compression)
+            .output()
+            .unwrap();
+        let schema = String::from_utf8_lossy(&run.stdout);
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        // What pyarrow made of verl's layout: structs and a list of structs.
+        assert!(schema.contains("reward_model: struct<"), "{schema}");
+        assert!(schema.contains("prompt: list<"), "{schema}");
+        assert!(schema.contains("index: int64"), "{schema}");
+        let theirs = load(&verl_config(out))
+            .unwrap_or_else(|e| panic!("pyarrow's file, {compression}: {e}"));
+        assert_eq!(theirs.records(), ours.records(), "{compression}");
+    }
+}
+
 #[tokio::test]
 async fn the_task_reads_nested_answer_and_id_and_keeps_data_source() {
     let dir = tempfile::tempdir().unwrap();
