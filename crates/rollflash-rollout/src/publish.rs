@@ -684,10 +684,17 @@ impl Backend for DiskWeights {
         match update {
             WeightUpdate::InProcess { model, version } => {
                 if self.layout() == Layout::Adapter && model.adapters().is_some() {
-                    if self.send_adapter(model, *version).await? {
-                        return Ok(());
+                    match self.send_adapter(model, *version).await {
+                        Ok(true) => return Ok(()),
+                        Ok(false) => self.fell_back.store(true, Ordering::SeqCst),
+                        Err(e) => {
+                            // The server may have lost its base meanwhile (restarted on its
+                            // original model after a warm-up changed ours): the proxy's
+                            // catch-up checks it again before the next adapter.
+                            self.base_checked.store(false, Ordering::SeqCst);
+                            return Err(e);
+                        }
                     }
-                    self.fell_back.store(true, Ordering::SeqCst);
                 }
                 self.send_merged(model, *version).await
             }

@@ -1,4 +1,5 @@
-//! Shared test fixtures: tiny random models, engine backends, and a backend that hangs.
+//! Shared test fixtures: tiny random models, adapted models, engine backends, and a backend
+//! that hangs.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -8,11 +9,38 @@ use candle_core::{DType, Device};
 use rollflash_core::{GenOutput, GenRequest, PolicyVersion, RequestId};
 use rollflash_model::config::{Arch, ModelConfig};
 use rollflash_model::engine::EngineConfig;
+use rollflash_model::lora::{init_adapters, Adapters, LoraConfig};
 use rollflash_model::model::Transformer;
 use rollflash_model::weights::Weights;
 use rollflash_rollout::{
     Backend, BackendError, BackendLoad, EngineBackend, EngineBackendConfig, PauseMode, WeightUpdate,
 };
+
+/// `base` with adapters of `lora`'s shape in PEFT's initialisation, but `B` set to `b`
+/// everywhere (a fresh `B` is zero: the adapter would change nothing, and neither a merge nor
+/// a probe could tell it from the base).
+pub fn adapted(base: &Transformer, lora: LoraConfig, b: f64) -> Arc<Transformer> {
+    let cfg = base.config().clone();
+    let init = init_adapters(&cfg, &lora, 1, DType::F32, &Device::Cpu).unwrap();
+    let mut weights = Weights::default();
+    for name in init.names() {
+        let t = &init.tensors()[name];
+        let t = if name.ends_with("lora_B.weight") {
+            (t.ones_like().unwrap() * b).unwrap()
+        } else {
+            t.clone()
+        };
+        weights.insert(name, t);
+    }
+    let adapters = Adapters {
+        config: lora,
+        weights,
+    };
+    Arc::new(
+        Transformer::with_adapters(&cfg, &base.weights(), &adapters, DType::F32, &Device::Cpu)
+            .unwrap(),
+    )
+}
 
 /// Vocabulary of the tiny test models.
 pub const VOCAB: usize = 64;

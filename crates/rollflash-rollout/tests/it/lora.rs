@@ -6,9 +6,8 @@
 
 use std::sync::Arc;
 
-use candle_core::{DType, Device};
 use rollflash_core::{GenRequest, PolicyVersion, RequestId, SamplingParams};
-use rollflash_model::lora::{init_adapters, Adapters, LoraConfig};
+use rollflash_model::lora::LoraConfig;
 use rollflash_model::model::Transformer;
 use rollflash_model::train::token_stats;
 use rollflash_rollout::{
@@ -22,34 +21,14 @@ use crate::http::{client_config, start_server_with_adapters, TestServer};
 /// The built-in tokenizer's vocabulary fits.
 const VOCAB: usize = 100;
 
-/// `base` with rank-4 adapters whose `B` is non-zero (a fresh `B` is zero: the adapter would
-/// change nothing and no probe could tell it from the base).
+/// `base` with rank-4 adapters whose `B` is `b`.
 fn adapted(base: &Transformer, b: f64) -> Arc<Transformer> {
-    let cfg = base.config().clone();
     let lora = LoraConfig {
         rank: 4,
         alpha: 8.0,
         ..LoraConfig::default()
     };
-    let init = init_adapters(&cfg, &lora, 1, DType::F32, &Device::Cpu).unwrap();
-    let mut weights = rollflash_model::weights::Weights::default();
-    for name in init.names() {
-        let t = &init.tensors()[name];
-        let t = if name.ends_with("lora_B.weight") {
-            (t.ones_like().unwrap() * b).unwrap()
-        } else {
-            t.clone()
-        };
-        weights.insert(name, t);
-    }
-    let adapters = Adapters {
-        config: lora,
-        weights,
-    };
-    Arc::new(
-        Transformer::with_adapters(&cfg, &base.weights(), &adapters, DType::F32, &Device::Cpu)
-            .unwrap(),
-    )
+    crate::common::adapted(base, lora, b)
 }
 
 /// `rollflash serve` on `base` with adapters (ignored by the stand-in when `ignore`).
@@ -169,6 +148,56 @@ async fn a_server_that_ignores_the_adapter_fails_the_probe() {
     let msg = e.to_string();
     assert!(msg.contains("the adapter is ignored"), "{msg}");
     assert!(msg.contains("rollflash-v1"), "{msg}");
+}
+
+/// A server whose base changes under the adapters (restarted on its original model while
+/// the trainer's base is another): the next adapter fails its probe, and the update after it
+/// (the proxy's catch-up) checks the base again, sends it whole and passes.
+#[tokio::test]
+async fn a_server_that_lost_its_base_gets_it_back_before_the_next_adapter() {
+    let base = tiny_model_with_vocab(3, VOCAB);
+    let srv = server(Arc::clone(&base), false).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let publisher =
+        Arc::new(WeightPublisher::new(tmp.path(), 2, base.config().clone(), None).unwrap());
+    let client = Arc::new(rollflash_rollout::SglangBackend::new(client_config(&srv)).unwrap());
+    let sync = DiskWeights::adapter(
+        client.clone(),
+        Arc::clone(&publisher),
+        AdapterProbe::default(),
+    );
+    let update = |v: u64| WeightUpdate::InProcess {
+        model: adapted(&base, 0.02 * v as f64),
+        version: PolicyVersion(v),
+    };
+    sync.update_weights(&update(1)).await.unwrap();
+    // The "restart": the server serves another base, unknown to the sync.
+    let other = WeightPublisher::new(tmp.path().join("other"), 1, base.config().clone(), None)
+        .unwrap()
+        .publish(&tiny_model_with_vocab(9, VOCAB), PolicyVersion(1))
+        .await
+        .unwrap();
+    client
+        .update_weights(&WeightUpdate::Disk {
+            path: other,
+            version: PolicyVersion(1),
+        })
+        .await
+        .unwrap();
+    // The update leaves the backend paused, as inside the proxy's sync; the proxy resumes.
+    let e = sync.update_weights(&update(2)).await.unwrap_err();
+    assert!(e.to_string().contains("match neither"), "{e}");
+    sync.update_weights(&update(2)).await.unwrap();
+    sync.resume().await.unwrap();
+    let out = sync.generate(request(200)).await.unwrap();
+    let want = trainer_logprobs(
+        &adapted(&base, 0.04),
+        &request(200).prompt,
+        &out.output.tokens,
+    );
+    for (a, b) in out.output.logprobs.iter().zip(&want) {
+        assert!((a - b).abs() < 1e-4, "served {a} vs trainer {b}");
+    }
 }
 
 /// The vLLM-style routes: `/v1/load_lora_adapter`, `model` naming the adapter on

@@ -169,35 +169,10 @@ async fn a_fixed_weights_server_takes_only_the_version_it_serves() {
 #[tokio::test]
 async fn a_lora_model_is_published_merged() {
     use candle_core::{DType, Device};
-    use rollflash_model::lora::{init_adapters, Adapters, LoraConfig};
     let tmp = tempfile::tempdir().unwrap();
     let base = tiny_model(4);
     let cfg = base.config().clone();
-    let lora = LoraConfig::default();
-    // PEFT's initialisation with B set non-zero (a fresh B is zero: merging would be a no-op).
-    let init = init_adapters(&cfg, &lora, 1, DType::F32, &Device::Cpu).unwrap();
-    let mut weights = rollflash_model::weights::Weights::default();
-    for name in init.names() {
-        let t = &init.tensors()[name];
-        let t = if name.ends_with("lora_B.weight") {
-            (t.ones_like().unwrap() * 0.05).unwrap()
-        } else {
-            t.clone()
-        };
-        weights.insert(name, t);
-    }
-    let adapters = Adapters {
-        config: lora,
-        weights,
-    };
-    let model = rollflash_model::model::Transformer::with_adapters(
-        &cfg,
-        &base.weights(),
-        &adapters,
-        DType::F32,
-        &Device::Cpu,
-    )
-    .unwrap();
+    let model = crate::common::adapted(&base, Default::default(), 0.05);
     let publisher = WeightPublisher::new(tmp.path().join("w"), 2, cfg.clone(), None).unwrap();
     let dir = publisher.publish(&model, PolicyVersion(1)).await.unwrap();
     let loaded = rollflash_model::hf::load_weights(&dir, &Device::Cpu).unwrap();

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use candle_core::{DType, Device};
 use rollflash_core::{FinishReason, GenRequest, PolicyVersion, RequestId, SamplingParams};
 use rollflash_model::hf;
-use rollflash_model::lora::{init_adapters, Adapters, LoraConfig};
+use rollflash_model::lora::LoraConfig;
 use rollflash_model::model::Transformer;
 use rollflash_model::train::token_stats;
 use rollflash_model::weights::Weights;
@@ -261,32 +261,6 @@ fn max_logprob_gap(
         .zip(vllm)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0, f32::max)
-}
-
-/// `base` with rank-8 adapters on every projection whose `B` is `b` everywhere (a fresh `B` is
-/// zero: the adapter would change nothing, and no probe could tell it from the base).
-fn adapted(base: &Transformer, b: f64) -> Arc<Transformer> {
-    let cfg = base.config().clone();
-    let lora = LoraConfig::default();
-    let init = init_adapters(&cfg, &lora, 1, DType::F32, &Device::Cpu).unwrap();
-    let mut weights = Weights::default();
-    for name in init.names() {
-        let t = &init.tensors()[name];
-        let t = if name.ends_with("lora_B.weight") {
-            (t.ones_like().unwrap() * b).unwrap()
-        } else {
-            t.clone()
-        };
-        weights.insert(name, t);
-    }
-    let adapters = Adapters {
-        config: lora,
-        weights,
-    };
-    Arc::new(
-        Transformer::with_adapters(&cfg, &base.weights(), &adapters, DType::F32, &Device::Cpu)
-            .unwrap(),
-    )
 }
 
 /// Total size of the files in `dir`.
@@ -609,7 +583,8 @@ async fn checks(server: &Server, model_dir: &Path, tmp: &Path) {
     let mut previous: Option<Arc<Transformer>> = None;
     for v in 3..=5u64 {
         let version = PolicyVersion(v);
-        let model = adapted(&loaded.model, 0.01 * (v - 2) as f64);
+        let model =
+            crate::common::adapted(&loaded.model, LoraConfig::default(), 0.01 * (v - 2) as f64);
         // At v4, a request running under v3's adapter is kept in place across the switch:
         // it names v3's adapter to the end, so all its tokens are v3's, as their log-probs
         // show.

@@ -248,12 +248,20 @@ fn a_run_on_two_servers_survives_losing_one_and_ends_with_the_other_at_the_final
     // The survivor serves the final version; versions were published as directories and
     // pruned to the newest two.
     assert_eq!(served_version(&sglang.url), STEPS);
-    let mut kept: Vec<String> = std::fs::read_dir(&published)
+    assert_eq!(
+        listing(&published),
+        [format!("v{:08}", STEPS - 1), format!("v{STEPS:08}")]
+    );
+}
+
+/// The names in `dir`, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    kept.sort();
-    assert_eq!(kept, [format!("v{:08}", STEPS - 1), format!("v{STEPS:08}")]);
+    names.sort();
+    names
 }
 
 /// `[train.lora]` on a server with runtime adapter routes: the server starts on another base
@@ -282,14 +290,7 @@ fn lora_versions_reach_a_server_as_adapters_and_a_resumed_run_reloads_its_checkp
         ids.sort();
         ids
     };
-    let on_disk = || {
-        let mut names: Vec<String> = std::fs::read_dir(&published)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    };
+    let on_disk = || listing(&published);
     const WHOLE: &str = "it is sent whole once";
 
     let mut run = train_with(dir, &config, &[lora, every, "train.steps=2"]);
