@@ -71,11 +71,20 @@ pub struct Trajectory {
     /// per-step metrics.
     #[serde(default)]
     pub env_metrics: Vec<(String, f64)>,
+    /// The text entries of the environment's `info` on the last step (a verdict, a reward
+    /// function's error, a test's output), each cut to [`ENV_TEXT_MAX_CHARS`], so the
+    /// trajectory view can say why a sample scored what it did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_text: Vec<(String, String)>,
     /// Which backends generated the model tokens (those with `loss_mask` 1), in order; empty
     /// when not known.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub served_by: Vec<crate::gen::ServedRun>,
 }
+
+/// The most characters of one [`Trajectory::env_text`] entry kept: enough for a traceback's
+/// last lines, small enough that a batch of them costs nothing beside its tokens.
+pub const ENV_TEXT_MAX_CHARS: usize = 2000;
 
 impl Trajectory {
     /// Number of tokens the model generated.

@@ -279,7 +279,11 @@ function drawTrajectories() {
       if (p.role === "env") return `<span class="env">${esc(p.text)}</span>`;
       return `<span class="tok" style="background:${shade(p.version)}" title="v${p.version}">${esc(p.text)}</span>`;
     }).join("");
-    return `<div class="traj" data-reward="${t.reward}"><div class="meta">step ${t.step} (trained from v${t.trained_version}) · reward <b>${fmt(t.reward)}</b> · ${esc(t.finish)} · ${t.turns} turn(s) · ${t.response_tokens} tokens · task seed ${t.seed}#${t.index} · started at v${t.start_version}</div><div class="text">${text}</div></div>`;
+    // What the environment said in words (a verdict, a reward function's error): shown
+    // under the text, an error in its own colour.
+    const notes = (t.notes || []).map(([k, v]) =>
+      `<div class="note${/error/.test(k) ? " error" : ""}" data-key="${esc(k)}"><b>${esc(k)}</b> ${esc(v)}</div>`).join("");
+    return `<div class="traj" data-reward="${t.reward}"><div class="meta">step ${t.step} (trained from v${t.trained_version}) · reward <b>${fmt(t.reward)}</b> · ${esc(t.finish)} · ${t.turns} turn(s) · ${t.response_tokens} tokens · task seed ${t.seed}#${t.index} · started at v${t.start_version}</div><div class="text">${text}</div>${notes}</div>`;
   }).join("");
   el.dataset.trajectories = list.length;
   el.dataset.total = state.total;

@@ -51,6 +51,10 @@ pub struct TrajectoryRecord {
     /// Every token id of the trajectory (prompt, responses, observations) in order.
     pub token_ids: Vec<u32>,
     pub pieces: Vec<Piece>,
+    /// What the environment said of it in words on its last step (the verdict, a reward
+    /// function's error, a failing test's output), as `(key, text)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<(String, String)>,
 }
 
 /// Turns token ids into text; the run passes its tokenizer's decode. Errors become a
@@ -137,6 +141,7 @@ pub fn record(
         response_tokens: t.response_tokens(),
         token_ids: t.tokens.clone(),
         pieces,
+        notes: t.env_text.clone(),
     }
 }
 

@@ -151,6 +151,12 @@ pub struct DatasetConfig {
     /// [`Record::prompt`] is its plain rendering (the contents, a blank line apart).
     #[serde(default)]
     pub prompt_messages: bool,
+    /// No field is the prompt: the caller renders it from the row (the dataset task's
+    /// `template`), so `prompt_field` is neither read nor checked (verl's `prompt` column,
+    /// a conversation, does not stop a template over other columns) and [`Record::prompt`]
+    /// is empty.
+    #[serde(default)]
+    pub prompt_rendered: bool,
 }
 
 impl DatasetConfig {
@@ -163,6 +169,7 @@ impl DatasetConfig {
             format: None,
             max_row_bytes: default_max_row_bytes(),
             prompt_messages: false,
+            prompt_rendered: false,
         }
     }
 
@@ -175,7 +182,7 @@ impl DatasetConfig {
             })
         };
         // Paths are never empty (`FieldPath` parses them so).
-        if self.prompt_field == self.answer_field {
+        if !self.prompt_rendered && self.prompt_field == self.answer_field {
             return bad("answer_field", "must differ from prompt_field");
         }
         if self.max_row_bytes == 0 {
@@ -468,7 +475,9 @@ fn record_from_object(
         }
         row_field(obj, field, path, at).cloned()
     }
-    let prompt = if cfg.prompt_messages {
+    let prompt = if cfg.prompt_rendered {
+        String::new()
+    } else if cfg.prompt_messages {
         // The conversation stays in the row, where `prompt_messages` reads it back.
         match row_field(&obj, &cfg.prompt_field, path, at)? {
             v @ Value::Array(_) => {
@@ -782,7 +791,9 @@ pub fn load_parquet(cfg: &DatasetConfig) -> Result<InMemoryDataset, DatasetError
         }
         Ok(())
     };
-    if cfg.prompt_messages {
+    if cfg.prompt_rendered {
+        // No prompt column to check.
+    } else if cfg.prompt_messages {
         check(
             &cfg.prompt_field,
             |t| matches!(t, DataType::List(_) | DataType::LargeList(_)),

@@ -48,7 +48,8 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::env::{Env, EnvError, Info, OutOfOrder, RemoteFailure, Reset, Step};
-use crate::envs::{make_env, EnvSpec};
+use crate::envs::{make_env, EnvConfig, EnvSpec};
+use crate::verify::python::PythonPool;
 
 /// Default request body limit: far above any action or spec, far below memory trouble.
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
@@ -129,6 +130,9 @@ pub struct EnvServerConfig {
     /// Environment names this server builds (`None`: all of [`crate::envs::ENV_NAMES`] but
     /// `dataset`, which reads files named by the client).
     pub allowed_envs: Option<Vec<String>>,
+    /// The worker pool for dataset specs whose reward is a Python function (`reward =
+    /// { python = … }`); `None`: such specs are refused, saying how to start one.
+    pub python: Option<PythonPool>,
 }
 
 impl Default for EnvServerConfig {
@@ -139,6 +143,7 @@ impl Default for EnvServerConfig {
             idle_timeout: None,
             body_limit: DEFAULT_BODY_LIMIT,
             allowed_envs: None,
+            python: None,
         }
     }
 }
@@ -152,6 +157,7 @@ impl std::fmt::Debug for EnvServerConfig {
             .field("idle_timeout", &self.idle_timeout)
             .field("body_limit", &self.body_limit)
             .field("allowed_envs", &self.allowed_envs)
+            .field("python", &self.python.is_some())
             .finish()
     }
 }
@@ -294,6 +300,10 @@ async fn create(
         return Err(ApiError::bad_request(
             "environment `dataset` reads server-side files and is served only with `--env dataset`",
         ));
+    }
+    if let (EnvConfig::Dataset(task), Some(pool)) = (&spec.env, &st.cfg.python) {
+        // Every environment of this server shares the one pool.
+        task.set_python_pool(pool.clone());
     }
     let env = make_env(&spec)?;
     let mut table = st.table();

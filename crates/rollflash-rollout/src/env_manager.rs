@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use rollflash_core::proxy::{Affinity, GroupId};
 use rollflash_core::redundancy::{GroupDecision, GroupProgress, MemberEnd};
+use rollflash_core::trajectory::ENV_TEXT_MAX_CHARS;
 use rollflash_core::{
     FinishReason, GenRequest, PolicyVersion, SamplingParams, Trajectory, TrajectoryEnd, TurnTiming,
 };
@@ -429,6 +430,11 @@ impl EnvManager {
                 .iter()
                 .filter_map(|(k, v)| v.as_f64().map(|x| (k.clone(), x)))
                 .collect();
+            t.env_text = step
+                .info
+                .iter()
+                .filter_map(|(k, v)| v.as_str().map(|x| (k.clone(), cut_text(x))))
+                .collect();
             if step.terminated {
                 return TrajectoryEnd::Terminated;
             }
@@ -588,4 +594,35 @@ fn mix(base: u64, seed: u64, index: u64, turn: usize) -> u64 {
         x ^= x >> 31;
     }
     x
+}
+
+/// `text` cut to [`ENV_TEXT_MAX_CHARS`] characters: its start and its end (a traceback's
+/// last line says what was raised), joined by ` … `.
+fn cut_text(text: &str) -> String {
+    let n = text.chars().count();
+    if n <= ENV_TEXT_MAX_CHARS {
+        return text.to_string();
+    }
+    let head = ENV_TEXT_MAX_CHARS / 4;
+    let tail = ENV_TEXT_MAX_CHARS - head;
+    let start: String = text.chars().take(head).collect();
+    let end: String = text.chars().skip(n - tail).collect();
+    format!("{start} … {end}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_text_keeps_its_start_and_its_end() {
+        assert_eq!(cut_text("short"), "short");
+        let long = format!("Traceback{}ValueError: bad", "x".repeat(5000));
+        let cut = cut_text(&long);
+        assert!(cut.starts_with("Traceback") && cut.ends_with("ValueError: bad"));
+        assert_eq!(
+            cut.chars().count(),
+            ENV_TEXT_MAX_CHARS + " … ".chars().count()
+        );
+    }
 }

@@ -22,6 +22,8 @@ use rollflash_trainer::StepRecord;
 /// of the step's wall time), `weight_sync_ms` (and, with several backends,
 /// `weight_sync_ms_by_backend`: each one's update, `null` where it failed), `behav_kl` and
 /// `behav_kl_by_backend` (each backend's tokens' train–inference mismatch, by name), `wall_s`, `train_s`, `wait_s`, `elapsed_s`,
+/// `generate_s` and `env_s` (the batch's trajectories' time in generation and in
+/// environment steps — rewards included — summed over samples, so concurrent samples add up),
 /// and the cumulative sample accounting (`started`, `trained`, `filtered`, `dropped_stale`,
 /// `aborted`, `failed`, `running`, `buffered`).
 /// The run's sink adds `response_len_mean` and `response_len_max` (model tokens of the
@@ -55,6 +57,8 @@ pub fn step_json(s: &StepRecord, elapsed_offset_s: f64) -> Value {
         "train_s": s.train.as_secs_f64(),
         "wait_s": s.wait.as_secs_f64(),
         "elapsed_s": elapsed_offset_s + s.elapsed.as_secs_f64(),
+        "generate_s": s.turn_generate.as_secs_f64(),
+        "env_s": s.turn_env.as_secs_f64(),
         "started": a.started,
         "trained": a.trained,
         "filtered": a.filtered,

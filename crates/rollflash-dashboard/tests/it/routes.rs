@@ -37,6 +37,7 @@ fn record(step: usize, reward: f64) -> TrajectoryRecord {
                 version: step as u64,
             },
         ],
+        notes: vec![("verdict".into(), "ok".into())],
     }
 }
 

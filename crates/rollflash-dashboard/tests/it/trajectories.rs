@@ -83,3 +83,40 @@ fn the_sample_spans_the_rewards_and_each_record_keeps_text_and_versions() {
     assert!(sample_batch(0, &b, 0, &decode).is_empty());
     assert_eq!(sample_batch(0, &b, 50, &decode).len(), 5);
 }
+
+#[test]
+fn what_the_environment_said_in_words_reaches_the_record() {
+    let mut t = trajectory(0.0, 0);
+    t.env_text = vec![
+        ("verdict".into(), "reward_failed".into()),
+        (
+            "reward_error".into(),
+            "ValueError: row 5 is poisoned".into(),
+        ),
+    ];
+    let b = Batch {
+        version: PolicyVersion(2),
+        groups: vec![BatchGroup {
+            key: GroupKey(0),
+            start: PolicyVersion(1),
+            samples: vec![(t, 0.0)],
+        }],
+    };
+    let r = &sample_batch(1, &b, 1, &decode)[0];
+    let line = serde_json::to_value(r).unwrap();
+    assert_eq!(
+        line["notes"],
+        serde_json::json!([
+            ["verdict", "reward_failed"],
+            ["reward_error", "ValueError: row 5 is poisoned"]
+        ])
+    );
+    // A record with nothing said has no `notes`, and a line written before there were
+    // any reads back.
+    let quiet = &sample_batch(1, &batch(&[1.0]), 1, &decode)[0];
+    let mut line = serde_json::to_value(quiet).unwrap();
+    assert!(line.get("notes").is_none(), "{line}");
+    line.as_object_mut().unwrap().remove("notes");
+    let back: rollflash_dashboard::TrajectoryRecord = serde_json::from_value(line).unwrap();
+    assert!(back.notes.is_empty());
+}

@@ -213,7 +213,8 @@ pub struct DatasetTaskConfig {
     #[serde(default)]
     pub heldout_fraction: f64,
     /// Field holding the prompt (a string). This and every other field name below is a path:
-    /// dots go into JSON objects and Parquet structs (`extra_info.question`).
+    /// dots go into JSON objects and Parquet structs (`extra_info.question`). Not read with a
+    /// `template`, which renders the prompt from the row's fields.
     #[serde(default = "default_prompt")]
     pub prompt: FieldPath,
     /// Field holding the prompt as a conversation, `[{"role", "content"}]` (roles `system`,
@@ -626,6 +627,8 @@ fn load_file(
         path: file.path.clone(),
         prompt_field: cfg.messages.clone().unwrap_or_else(|| cfg.prompt.clone()),
         prompt_messages: cfg.messages.is_some(),
+        // A template renders the prompt from the row: `prompt` is not read.
+        prompt_rendered: cfg.messages.is_none() && template.is_some(),
         answer_field: cfg.answer.clone(),
         format: file.format,
         max_row_bytes: cfg.max_row_bytes,
@@ -732,7 +735,7 @@ fn prepare_row(
     // The loader took top-level prompt and answer fields out of the row; they go back so
     // templates, ids and reward functions see the whole row. Nested ones never left it.
     let mut fields = r.extra;
-    if cfg.messages.is_none() && cfg.prompt.is_top_level() {
+    if cfg.messages.is_none() && template.is_none() && cfg.prompt.is_top_level() {
         fields.insert(
             cfg.prompt.head().to_string(),
             Value::String(r.prompt.clone()),
@@ -1288,7 +1291,8 @@ impl DatasetEnv {
             return Err(config_error(
                 "reward",
                 "a Python reward runs in the run's worker pool, which was not started \
-                 (`rollflash train` starts it from [reward.python]; env-serve cannot yet)",
+                 (`rollflash train` starts it from [reward.python], `rollflash env-serve` with \
+                 --reward-python)",
             ));
         }
         Ok(DatasetEnv {

@@ -579,11 +579,14 @@ struct Process {
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     /// Reads stderr into the log and the tail; aborted with the process.
     stderr_task: JoinHandle<()>,
+    /// Its process group (its own pid: it leads the group).
+    pgid: Option<i32>,
 }
 
 impl Drop for Process {
     fn drop(&mut self) {
         self.stderr_task.abort();
+        self.kill_group();
     }
 }
 
@@ -597,6 +600,9 @@ impl Process {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // Its own process group: what the function starts (a subprocess, a
+            // multiprocessing pool) is killed with the worker, not orphaned.
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("{}: {e}", cfg.python.display()))?;
@@ -619,7 +625,9 @@ impl Process {
                 }
             }
         });
+        let pgid = child.id().and_then(|id| i32::try_from(id).ok());
         let mut p = Process {
+            pgid,
             child,
             stdin,
             stdout: BufReader::new(stdout),
@@ -666,6 +674,16 @@ impl Process {
         serde_json::from_slice(&body).map_err(|e| format!("the worker sent bad JSON: {e}"))
     }
 
+    /// Kills every process of the worker's group: the worker, and whatever the user's
+    /// function started and left behind. The group outlives a worker that exited while
+    /// any of its children live, so this also reaches the orphans of a worker that died.
+    fn kill_group(&self) {
+        if let Some(pid) = self.pgid.and_then(rustix::process::Pid::from_raw) {
+            // Nothing left in the group (ESRCH) is the usual, fine outcome.
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+    }
+
     /// Why a worker that failed `e` is gone: its exit status and last stderr lines.
     async fn death(mut self, e: String) -> String {
         // A closed pipe usually means the process is exiting; give it a moment to be reaped.
@@ -673,6 +691,7 @@ impl Process {
             Ok(Ok(s)) => format!("worker exited ({s})"),
             _ => format!("worker broke ({e})"),
         };
+        self.kill_group();
         // Let the stderr reader take the last lines the process wrote.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let tail = self

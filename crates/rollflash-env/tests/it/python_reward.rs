@@ -315,6 +315,71 @@ async fn hostile_functions_fail_their_samples_not_the_pool() {
     assert_eq!(stats.failed.load(Relaxed), 7 + 1 + 4);
 }
 
+/// Functions that start a process (`sleep`, its pid written to `PIDS`) and leave it behind:
+/// one hangs past the deadline, one kills its own worker.
+const SPAWNS: &str = r#"
+import os, subprocess, time
+
+def _child():
+    p = subprocess.Popen(["sleep", "300"])
+    with open(PIDS, "a") as f:
+        f.write(f"{p.pid}\n")
+
+def hangs(data_source, solution_str, ground_truth, extra_info=None):
+    _child()
+    time.sleep(300)
+
+def exits(data_source, solution_str, ground_truth, extra_info=None):
+    _child()
+    os._exit(4)
+"#;
+
+/// Whether process `pid` still runs (a zombie waiting for its reaper does not).
+fn running(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+#[tokio::test]
+async fn what_a_function_starts_dies_with_its_worker() {
+    let Some(python) = python3() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    let f = write(
+        dir.path(),
+        "spawns.py",
+        &SPAWNS.replace("PIDS", &format!("{:?}", pids.display().to_string())),
+    );
+    let mut cfg = pool_config(python, 1);
+    cfg.timeout_secs = 1.0;
+    let pool = PythonPool::start(cfg).await.unwrap();
+    for (function, expect) in [("hangs", "timed out"), ("exits", "worker exited")] {
+        let got = pool.score(verl_call(&f, function)).await.unwrap_err();
+        assert!(got.contains(expect), "{function}: {got}");
+        let text = std::fs::read_to_string(&pids).unwrap();
+        let pid = text.lines().last().unwrap().to_string();
+        // SIGKILL is delivered at once; the grace covers a loaded machine's scheduling.
+        // (An async wait: the pool's tasks, which kill, run on this test's thread.)
+        let mut gone = false;
+        for _ in 0..100 {
+            gone = !running(&pid);
+            if gone {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(
+            gone,
+            "{function}: its `sleep` (pid {pid}) outlived the worker"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_failed_sample_is_a_counted_verdict_with_its_reason() {
     let Some(python) = python3() else { return };

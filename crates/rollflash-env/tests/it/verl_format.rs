@@ -304,6 +304,25 @@ async fn the_task_reads_nested_answer_and_id_and_keeps_data_source() {
         row.prompt,
         format!("[openai/gsm8k] {} (rule)", rows()[0].question)
     );
+
+    // With a template, `prompt` is not read: verl's `prompt` column (a conversation list)
+    // does not stop a template that renders from other columns, in either format; a
+    // number (`extra_info.index`) renders as its text.
+    for f in &files {
+        let c = verl_task(
+            f,
+            json!({"messages": null,
+                   "template": "#{extra_info.index} Q: {extra_info.question}\nA: "}),
+        );
+        let env = DatasetEnv::new(&c).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let row = env.data().train().iter().find(|r| r.id == "1").unwrap();
+        assert_eq!(row.prompt, format!("#1 Q: {}\nA: ", rows()[1].question));
+        assert_eq!(
+            row.fields["prompt"][0]["role"],
+            json!("user"),
+            "the row is whole"
+        );
+    }
 }
 
 fn rows_solution(i: usize) -> &'static str {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use rollflash_env::envs::ENV_NAMES;
 use rollflash_env::remote::{serve, EnvServerConfig};
+use rollflash_env::verify::python::{PythonPool, PythonPoolConfig};
 
 /// Environment variable read for the API key when `--api-key` is not given (keeps the key
 /// out of `ps` output).
@@ -40,6 +41,17 @@ pub struct EnvServeArgs {
     /// Serve only these environments (repeatable; default: all built-ins).
     #[arg(long = "env", value_name = "NAME")]
     envs: Vec<String>,
+    /// Score dataset specs whose reward is a Python function (`reward = { python = … }`)
+    /// with this interpreter (a venv's `bin/python` gives the functions its packages): a
+    /// pool of long-lived workers, as `[reward.python]` in `rollflash train`.
+    #[arg(long, value_name = "PYTHON")]
+    reward_python: Option<std::path::PathBuf>,
+    /// Python reward workers (with --reward-python).
+    #[arg(long, default_value_t = 2, requires = "reward_python")]
+    reward_workers: usize,
+    /// Deadline of one Python reward call, in seconds (with --reward-python).
+    #[arg(long, default_value_t = 30.0, requires = "reward_python")]
+    reward_timeout_secs: f64,
 }
 
 // By hand, so the API key never reaches a log.
@@ -52,12 +64,40 @@ impl std::fmt::Debug for EnvServeArgs {
             .field("max_envs", &self.max_envs)
             .field("idle_timeout_secs", &self.idle_timeout_secs)
             .field("envs", &self.envs)
+            .field("reward_python", &self.reward_python)
+            .field("reward_workers", &self.reward_workers)
+            .field("reward_timeout_secs", &self.reward_timeout_secs)
             .finish()
     }
 }
 
 impl EnvServeArgs {
-    /// The server configuration these flags describe.
+    /// The Python reward pool's settings these flags describe, checked; `None` without
+    /// `--reward-python`.
+    fn python(&self) -> Result<Option<PythonPoolConfig>> {
+        let Some(python) = &self.reward_python else {
+            return Ok(None);
+        };
+        let cfg = PythonPoolConfig {
+            python: python.clone(),
+            workers: self.reward_workers,
+            timeout_secs: self.reward_timeout_secs,
+            ..PythonPoolConfig::default()
+        };
+        cfg.validate().map_err(|e| {
+            // The pool names its field as `[reward.python]` spells it; here it is a flag.
+            let flag = match e.field {
+                "workers" => "--reward-workers",
+                "timeout_secs" => "--reward-timeout-secs",
+                _ => "--reward-python",
+            };
+            anyhow::anyhow!("{flag}: {}", e.reason)
+        })?;
+        Ok(Some(cfg))
+    }
+
+    /// The server configuration these flags describe (without its Python pool, which
+    /// [`run`] starts).
     fn config(&self) -> Result<EnvServerConfig> {
         for name in &self.envs {
             if !ENV_NAMES.contains(&name.as_str()) {
@@ -94,12 +134,22 @@ impl EnvServeArgs {
 
 /// Runs the server until Ctrl-C or SIGTERM.
 pub fn run(args: EnvServeArgs) -> Result<()> {
-    let cfg = args.config()?;
+    let mut cfg = args.config()?;
+    let python = args.python()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("building the tokio runtime")?;
     runtime.block_on(async move {
+        if let Some(p) = python {
+            // Before the port opens: a missing interpreter is said at once, not at the
+            // first client's request.
+            let shown = p.python.display().to_string();
+            let pool = PythonPool::start(p)
+                .await
+                .with_context(|| format!("--reward-python {shown}: starting the workers"))?;
+            cfg.python = Some(pool);
+        }
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("binding {}:{}", args.host, args.port))?;

@@ -179,3 +179,74 @@ async fn unknown_env_name_is_refused_at_startup() {
     assert!(!exit.success());
     assert!(stderr.contains("chess"), "{stderr}");
 }
+
+#[tokio::test]
+async fn a_dataset_with_a_python_reward_is_scored_by_the_servers_workers() {
+    let python_ok = std::process::Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !python_ok {
+        eprintln!("SKIPPED a_dataset_with_a_python_reward_is_scored_by_the_servers_workers: no python3 on PATH");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("rows.jsonl");
+    std::fs::write(
+        &data,
+        "{\"question\": \"2+3\", \"reward_model\": {\"ground_truth\": \"5\"}}\n",
+    )
+    .unwrap();
+    let scorer = dir.path().join("scorer.py");
+    std::fs::write(
+        &scorer,
+        "import os\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    \
+         return {\"score\": float(solution_str.strip() == ground_truth), \"pid\": os.getpid()}\n",
+    )
+    .unwrap();
+    let spec = env_spec(json!({
+        "name": "dataset",
+        "files": [{"path": data}],
+        "prompt": "question",
+        "answer": "reward_model.ground_truth",
+        "reward": {"python": {"path": scorer, "style": "verl"}},
+    }));
+    // Without a pool the spec is refused, saying which flag starts one.
+    let plain = Server::start(&["--env", "dataset"], None).await;
+    match plain.remote(&spec, None).reset(0).await {
+        Err(e) => assert!(
+            rollflash_core::error_chain(&e).contains("--reward-python"),
+            "{}",
+            rollflash_core::error_chain(&e)
+        ),
+        Ok(r) => panic!("a Python reward without a pool was served: {r:?}"),
+    }
+    plain.kill().await;
+
+    let server = Server::start(
+        &[
+            "--env",
+            "dataset",
+            "--reward-python",
+            "python3",
+            "--reward-workers",
+            "1",
+        ],
+        None,
+    )
+    .await;
+    let mut pids = Vec::new();
+    for (answer, want) in [("5", 1.0), ("6", 0.0)] {
+        let mut env = server.remote(&spec, None);
+        let r = env.reset(0).await.expect("reset");
+        assert_eq!(r.observation, "2+3");
+        let step = env.step(answer).await.expect("step");
+        assert_eq!(step.reward, want, "{answer}: {:?}", step.info);
+        assert_eq!(step.info["verdict"], "ok", "{:?}", step.info);
+        pids.push(step.info["reward/pid"].as_f64().unwrap());
+        env.close().await.expect("close");
+    }
+    // Both environments were scored by the server's one long-lived worker.
+    assert_eq!(pids[0], pids[1]);
+    server.kill().await;
+}

@@ -27,6 +27,7 @@ mod serve_faults;
 mod tensorboard;
 mod tinker;
 mod util;
+mod verl;
 mod warmup_cache;
 
 /// An error and its causes on one line, as the binary prints them: tests assert on what a

@@ -10,55 +10,13 @@
 //! restarted and `--resume` continues the run through `load_state` to its last step, every
 //! sample accounted for.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rollflash_tinker::local::LocalServer;
 
 use crate::util::assert_balanced;
-
-/// The default run's warm-up (the built-in model, 600 supervised steps), written to a cache
-/// under `dir` by a one-step run: the Hugging Face directory the server will serve.
-fn warmed_up_model(dir: &Path) -> PathBuf {
-    let cache = dir.join("warmup-cache");
-    let out = Command::new(env!("CARGO_BIN_EXE_rollflash"))
-        .args([
-            "train",
-            "--set",
-            "train.steps=1",
-            "--set",
-            "train.eval_problems=0",
-        ])
-        .args([
-            "--set",
-            "metrics.progress=false",
-            "--set",
-            "metrics.report=false",
-        ])
-        .arg("--set")
-        .arg(format!(
-            "warmup.cache_dir={:?}",
-            cache.display().to_string()
-        ))
-        .arg("--set")
-        .arg(format!(
-            "output_dir={:?}",
-            dir.join("warmup-run").display().to_string()
-        ))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the warm-up run failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read_dir(&cache)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.join("model.safetensors").exists())
-        .expect("a warm-up directory in the cache")
-}
 
 /// `rollflash train --config configs/tinker.toml` against `url`, writing to `run`, with
 /// `extra` settings.
@@ -103,7 +61,7 @@ fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
 #[test]
 fn train_through_a_real_tinker_server_raises_the_reward() {
     let dir = tempfile::tempdir().unwrap();
-    let model = warmed_up_model(dir.path());
+    let model = crate::util::warmed_up_model();
     let mut server = match LocalServer::start_serving(&model) {
         Ok(s) => s,
         Err(e) => {
