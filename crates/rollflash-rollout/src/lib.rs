@@ -31,7 +31,7 @@ pub use proxy::{
     Replication, SyncTimings, DEFAULT_REQUEST_TIMEOUT, DEFAULT_UPDATE_TIMEOUT,
 };
 pub use publish::{
-    adapter_name, AdapterProbe, DiskWeights, FixedWeights, Layout, PublishError, WeightPublisher,
+    adapter_name, AdapterProbe, DiskWeights, Layout, PublishError, WeightPublisher, WeightRoute,
 };
 pub use server::{serve, AdapterHost, ServerConfig, ServerError, ServerState, WeightsAccess};
 pub use timeline::Timeline;

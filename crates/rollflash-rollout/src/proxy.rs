@@ -33,6 +33,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, BackendError, WeightUpdate};
+use crate::publish::WeightRoute;
 use crate::timeline::Timeline;
 
 /// Why a proxied request produced no output.
@@ -115,9 +116,12 @@ impl ProxyConfig {
     }
 }
 
-/// One backend with its admission limit.
+/// One backend with its admission limit and the route its weight updates take.
 pub struct BackendEntry {
     pub backend: Arc<dyn Backend>,
+    /// How weight updates reach it: as they are, written to disk for a server, or not at
+    /// all for a server that keeps its own weights.
+    pub route: WeightRoute,
     /// At most this many requests run on it at once; the rest wait in the proxy's queue.
     pub max_running_requests: usize,
     /// Bound on one weight update of this backend (and on its pause and resume around it);
@@ -239,6 +243,8 @@ struct Publication {
     /// A std `Mutex`: read and replaced, never held across an `.await`.
     latest: std::sync::Mutex<Option<WeightUpdate>>,
     locks: Vec<tokio::sync::Mutex<()>>,
+    /// Per backend: the route its updates take ([`BackendEntry::route`]).
+    routes: Vec<WeightRoute>,
     /// Per backend: bound on one update ([`BackendEntry::update_timeout`], else
     /// [`ProxyConfig::update_timeout`]).
     timeouts: Vec<Duration>,
@@ -287,7 +293,7 @@ impl Publication {
         update: &WeightUpdate,
         tx: &mpsc::UnboundedSender<Msg>,
     ) -> Result<(), BackendError> {
-        let Some(lock) = self.locks.get(i) else {
+        let (Some(lock), Some(route)) = (self.locks.get(i), self.routes.get(i)) else {
             return Ok(());
         };
         // One deadline for the wait on the lock and the update: a catch-up stuck on a dead
@@ -300,7 +306,7 @@ impl Publication {
         };
         let (r, _held) = match tokio::time::timeout_at(deadline, lock.lock()).await {
             Ok(held) => {
-                let r = tokio::time::timeout_at(deadline, backend.update_weights(update))
+                let r = tokio::time::timeout_at(deadline, route.send(backend, update))
                     .await
                     .unwrap_or_else(|_| Err(timed_out()));
                 (r, Some(held))
@@ -359,21 +365,21 @@ impl LlmProxy {
         cfg: ProxyConfig,
     ) -> LlmProxy {
         let mut sched = ProxyScheduler::new(cfg.sched.clone(), policy);
-        let list: Vec<Arc<dyn Backend>> = backends
-            .iter()
-            .map(|b| {
-                sched.add_backend(b.max_running_requests);
-                Arc::clone(&b.backend)
-            })
-            .collect();
+        let mut list: Vec<Arc<dyn Backend>> = Vec::with_capacity(backends.len());
+        let mut routes = Vec::with_capacity(backends.len());
+        let mut timeouts = Vec::with_capacity(backends.len());
+        for b in backends {
+            sched.add_backend(b.max_running_requests);
+            list.push(b.backend);
+            routes.push(b.route);
+            timeouts.push(b.update_timeout.unwrap_or(cfg.update_timeout));
+        }
         let list = Arc::new(list);
         let weights = Arc::new(Publication {
             latest: std::sync::Mutex::new(None),
             locks: list.iter().map(|_| tokio::sync::Mutex::new(())).collect(),
-            timeouts: backends
-                .iter()
-                .map(|b| b.update_timeout.unwrap_or(cfg.update_timeout))
-                .collect(),
+            routes,
+            timeouts,
             down: list
                 .iter()
                 .map(|_| std::sync::atomic::AtomicBool::new(false))

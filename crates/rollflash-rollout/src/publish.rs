@@ -5,10 +5,10 @@
 //! for a LoRA model sent adapter-only, as a PEFT adapter directory (`adapter-v00000007/`:
 //! `adapter_config.json`, `adapter_model.safetensors`), under one root — written to a
 //! temporary name and renamed, so a server never sees half a version — and prunes all but the
-//! newest few of each layout. [`DiskWeights`] wraps a remote backend so that an in-process
-//! update reaches it as `WeightUpdate::Disk` of the merged model (`W + (alpha/r)·B·A`), or, on
-//! the adapter route, as `WeightUpdate::Adapter`; every remote backend of a sync shares the
-//! one directory.
+//! newest few of each layout. A backend's [`WeightRoute`] (data on its proxy entry) says how
+//! updates reach it: on the disk route ([`DiskWeights`]) an in-process update reaches the
+//! server as `WeightUpdate::Disk` of the merged model (`W + (alpha/r)·B·A`), or, adapter-only,
+//! as `WeightUpdate::Adapter`; every remote backend of a sync shares the one directory.
 //!
 //! The adapter route is never trusted blindly (a server that loads an adapter and samples
 //! from the base would train a policy nobody samples from): after each adapter load a probe
@@ -21,13 +21,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use rollflash_core::{GenOutput, GenRequest, Generated, IoError, PolicyVersion, RequestId};
+use rollflash_core::{GenRequest, Generated, IoError, PolicyVersion, RequestId};
 use rollflash_model::config::ModelConfig;
 use rollflash_model::model::Transformer;
 use rollflash_model::tokenizer::Tokenizer;
 
-use crate::backend::{Backend, BackendError, BackendLoad, PauseMode, TokenScore, WeightUpdate};
+use crate::backend::{Backend, BackendError, PauseMode, WeightUpdate};
 use crate::tinker_adapters::TinkerAdapters;
 
 /// A version could not be written.
@@ -246,11 +245,54 @@ fn write_dir(
     Ok(std::fs::rename(tmp, dir).map_err(IoError::at(PREPARE, dir))?)
 }
 
-/// A remote backend that receives in-process weights as a directory written by a shared
-/// [`WeightPublisher`] (merged, or adapter-only with [`DiskWeights::adapter`]); everything
-/// else goes straight to the backend it wraps.
+/// How weight updates reach one backend: data on its proxy entry
+/// ([`crate::proxy::BackendEntry::route`]), which the proxy's one update call sends through
+/// ([`WeightRoute::send`]); the backend itself only ever sees updates it can load.
+pub enum WeightRoute {
+    /// Every update goes to the backend as it is (in-process engines, a Tinker sampler).
+    Direct,
+    /// In-process versions written to disk for a remote server (merged or adapter-only), or a
+    /// Tinker learner's versions fetched as the server's adapter.
+    Disk(DiskWeights),
+    /// The server keeps its own weights (`weights = "none"`: a frozen judge, a fixed-policy
+    /// evaluation), declared to be version `serves`: an update to that version is accepted
+    /// without loading anything, every other is refused, so after the first weight sync of a
+    /// training run it leaves rotation rather than serve tokens of an older policy.
+    Fixed { serves: PolicyVersion },
+}
+
+impl WeightRoute {
+    /// The layout versions reach the server in on the disk route (`Merged` after a server
+    /// refused adapters); `None` on the others.
+    pub fn layout(&self) -> Option<Layout> {
+        match self {
+            WeightRoute::Disk(d) => Some(d.layout()),
+            WeightRoute::Direct | WeightRoute::Fixed { .. } => None,
+        }
+    }
+
+    /// Sends `update` to `backend` along this route.
+    pub async fn send(
+        &self,
+        backend: &dyn Backend,
+        update: &WeightUpdate,
+    ) -> Result<(), BackendError> {
+        match self {
+            WeightRoute::Direct => backend.update_weights(update).await,
+            WeightRoute::Disk(d) => d.send(backend, update).await,
+            WeightRoute::Fixed { serves } if update.version() == *serves => Ok(()),
+            WeightRoute::Fixed { .. } => Err(BackendError::Unsupported {
+                backend: backend.name().to_string(),
+                what: "weight updates (configured with weights = \"none\")".into(),
+            }),
+        }
+    }
+}
+
+/// The disk route's state: in-process weights as a directory written by a shared
+/// [`WeightPublisher`] (merged, or adapter-only with [`DiskWeights::adapter`]), or a Tinker
+/// learner's adapters; every other update goes to the backend as it is.
 pub struct DiskWeights {
-    inner: Arc<dyn Backend>,
     /// Where in-process versions are written (`None` on the Tinker route, which gets none).
     publisher: Option<Arc<WeightPublisher>>,
     /// The Tinker route: remote versions (`tinker://…`) arrive as the server's adapter.
@@ -267,9 +309,8 @@ pub struct DiskWeights {
 
 impl DiskWeights {
     /// Merged weights, every version.
-    pub fn new(inner: Arc<dyn Backend>, publisher: Arc<WeightPublisher>) -> Self {
+    pub fn new(publisher: Arc<WeightPublisher>) -> Self {
         DiskWeights {
-            inner,
             publisher: Some(publisher),
             tinker: None,
             layout: Layout::Merged,
@@ -282,24 +323,19 @@ impl DiskWeights {
     /// The adapter only, for a LoRA model and a server with runtime adapter routes: each
     /// load is checked by `probe`; a model without adapters, or a server that answers
     /// `Unsupported`, gets merged weights instead.
-    pub fn adapter(
-        inner: Arc<dyn Backend>,
-        publisher: Arc<WeightPublisher>,
-        probe: AdapterProbe,
-    ) -> Self {
+    pub fn adapter(publisher: Arc<WeightPublisher>, probe: AdapterProbe) -> Self {
         DiskWeights {
             layout: Layout::Adapter,
             probe,
-            ..DiskWeights::new(inner, publisher)
+            ..DiskWeights::new(publisher)
         }
     }
 
     /// The Tinker route: a version a Tinker learner saved (`WeightUpdate::Remote`) reaches
     /// this backend (not one of the server's samplers) as the server's PEFT adapter, fetched
     /// once per version by the shared `adapters` and checked by a probe against the server.
-    pub fn tinker(inner: Arc<dyn Backend>, adapters: Arc<TinkerAdapters>) -> Self {
+    pub fn tinker(adapters: Arc<TinkerAdapters>) -> Self {
         DiskWeights {
-            inner,
             publisher: None,
             tinker: Some(adapters),
             layout: Layout::Adapter,
@@ -318,9 +354,9 @@ impl DiskWeights {
         }
     }
 
-    fn publish_failed(&self, e: PublishError) -> BackendError {
+    fn publish_failed(backend: &dyn Backend, e: PublishError) -> BackendError {
         BackendError::Unavailable {
-            backend: self.inner.name().to_string(),
+            backend: backend.name().to_string(),
             reason: "publishing the weights for it failed".into(),
             source: Some(Box::new(e)),
         }
@@ -338,12 +374,13 @@ impl DiskWeights {
     /// Loads a Tinker learner's version as its adapter and proves the backend serves it.
     async fn send_tinker(
         &self,
+        backend: &dyn Backend,
         adapters: &TinkerAdapters,
         uri: &str,
         version: PolicyVersion,
     ) -> Result<(), BackendError> {
         let dir = adapters.fetch(uri, version).await?;
-        self.inner
+        backend
             .update_weights(&WeightUpdate::Adapter {
                 dir,
                 name: adapter_name(version),
@@ -351,15 +388,16 @@ impl DiskWeights {
             })
             .await?;
         // As on the publisher's adapter route: the probe needs the backend generating.
-        self.inner.resume().await?;
-        let checked = adapters.check(self.inner.as_ref(), uri, version).await;
-        let repaused = self.inner.pause(PauseMode::Keep).await;
+        backend.resume().await?;
+        let checked = adapters.check(backend, uri, version).await;
+        let repaused = backend.pause(PauseMode::Keep).await;
         checked?;
         repaused
     }
 
     async fn send_merged(
         &self,
+        backend: &dyn Backend,
         model: &Transformer,
         version: PolicyVersion,
     ) -> Result<(), BackendError> {
@@ -367,8 +405,8 @@ impl DiskWeights {
             .publisher()?
             .publish(model, version)
             .await
-            .map_err(|e| self.publish_failed(e))?;
-        self.inner
+            .map_err(|e| Self::publish_failed(backend, e))?;
+        backend
             .update_weights(&WeightUpdate::Disk { path, version })
             .await
     }
@@ -377,28 +415,29 @@ impl DiskWeights {
     /// server has no adapter routes (the caller falls back).
     async fn send_adapter(
         &self,
+        backend: &dyn Backend,
         model: &Arc<Transformer>,
         version: PolicyVersion,
     ) -> Result<bool, BackendError> {
         if !self.base_checked.load(Ordering::SeqCst) {
-            self.ensure_base(model, version).await?;
+            self.ensure_base(backend, model, version).await?;
             self.base_checked.store(true, Ordering::SeqCst);
         }
         let dir = self
             .publisher()?
             .publish_adapter(model, version)
             .await
-            .map_err(|e| self.publish_failed(e))?;
+            .map_err(|e| Self::publish_failed(backend, e))?;
         let update = WeightUpdate::Adapter {
             dir,
             name: adapter_name(version),
             version,
         };
-        match self.inner.update_weights(&update).await {
+        match backend.update_weights(&update).await {
             Ok(()) => {}
             Err(BackendError::Unsupported { what, .. }) => {
                 tracing::warn!(
-                    backend = %self.inner.name(),
+                    backend = %backend.name(),
                     %version,
                     "the server cannot load LoRA adapters ({what}): it is sent merged weights \
                      from now on"
@@ -410,9 +449,9 @@ impl DiskWeights {
         // The sync holds the backend paused; the probe needs it generating. In keep mode the
         // held requests go on meanwhile under the adapter each one names, which is the
         // version their tokens are labelled with.
-        self.inner.resume().await?;
-        let checked = self.probe.check(self.inner.as_ref(), model, version).await;
-        let repaused = self.inner.pause(PauseMode::Keep).await;
+        backend.resume().await?;
+        let checked = self.probe.check(backend, model, version).await;
+        let repaused = backend.pause(PauseMode::Keep).await;
         checked?;
         repaused.map(|()| true)
     }
@@ -423,27 +462,28 @@ impl DiskWeights {
     /// serves now, and where that is not the trainer's, the base sent whole, once.
     async fn ensure_base(
         &self,
+        backend: &dyn Backend,
         model: &Arc<Transformer>,
         version: PolicyVersion,
     ) -> Result<(), BackendError> {
-        let base = Arc::new(base_of(self.inner.as_ref(), model)?);
+        let base = Arc::new(base_of(backend, model)?);
         // As around the adapter's probe: the sync holds the backend paused.
-        self.inner.resume().await?;
-        let gap = self.probe.gap(self.inner.as_ref(), &base, version).await;
-        let repaused = self.inner.pause(PauseMode::Keep).await;
+        backend.resume().await?;
+        let gap = self.probe.gap(backend, &base, version).await;
+        let repaused = backend.pause(PauseMode::Keep).await;
         let gap = gap?;
         repaused?;
         if gap <= self.probe.tolerance {
             return Ok(());
         }
         tracing::info!(
-            backend = %self.inner.name(),
+            backend = %backend.name(),
             %version,
             gap,
             "the server's base model is not the trainer's (a warm-up or a checkpoint changed \
              it): it is sent whole once, adapters after it"
         );
-        self.send_merged(&base, version).await
+        self.send_merged(backend, &base, version).await
     }
 }
 
@@ -648,43 +688,15 @@ impl AdapterProbe {
     }
 }
 
-#[async_trait]
-impl Backend for DiskWeights {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
-        self.inner.generate(req).await
-    }
-    async fn generate_stream(
-        &self,
-        req: GenRequest,
-        tokens: tokio::sync::mpsc::UnboundedSender<Generated>,
-    ) -> Result<GenOutput, BackendError> {
-        self.inner.generate_stream(req, tokens).await
-    }
-    async fn score(
-        &self,
-        tokens: &[u32],
-        temperature: f64,
-        top: usize,
-    ) -> Result<Vec<TokenScore>, BackendError> {
-        self.inner.score(tokens, temperature, top).await
-    }
-    async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
-        self.inner.abort(id).await
-    }
-    async fn pause(&self, mode: PauseMode) -> Result<(), BackendError> {
-        self.inner.pause(mode).await
-    }
-    async fn resume(&self) -> Result<(), BackendError> {
-        self.inner.resume().await
-    }
-    async fn update_weights(&self, update: &WeightUpdate) -> Result<(), BackendError> {
+impl DiskWeights {
+    /// Sends `update` to `backend`: in-process versions through the publisher (the adapter
+    /// where the layout says so, falling back to merged weights for good where the server
+    /// has no adapter routes), a Tinker learner's as the server's adapter.
+    async fn send(&self, backend: &dyn Backend, update: &WeightUpdate) -> Result<(), BackendError> {
         match update {
             WeightUpdate::InProcess { model, version } => {
                 if self.layout() == Layout::Adapter && model.adapters().is_some() {
-                    match self.send_adapter(model, *version).await {
+                    match self.send_adapter(backend, model, *version).await {
                         Ok(true) => return Ok(()),
                         Ok(false) => self.fell_back.store(true, Ordering::SeqCst),
                         Err(e) => {
@@ -696,85 +708,15 @@ impl Backend for DiskWeights {
                         }
                     }
                 }
-                self.send_merged(model, *version).await
+                self.send_merged(backend, model, *version).await
             }
             WeightUpdate::Remote { uri, version } => match &self.tinker {
-                Some(adapters) => self.send_tinker(adapters, uri, *version).await,
-                None => self.inner.update_weights(update).await,
+                Some(adapters) => self.send_tinker(backend, adapters, uri, *version).await,
+                None => backend.update_weights(update).await,
             },
             WeightUpdate::Disk { .. } | WeightUpdate::Adapter { .. } => {
-                self.inner.update_weights(update).await
+                backend.update_weights(update).await
             }
         }
-    }
-    async fn load(&self) -> Result<BackendLoad, BackendError> {
-        self.inner.load().await
-    }
-    async fn health(&self) -> Result<(), BackendError> {
-        self.inner.health().await
-    }
-}
-
-/// A remote backend that keeps its own weights (`weights = "none"`: a frozen judge, a
-/// fixed-policy evaluation), declared to be version `serves`: an update to that version is
-/// accepted without loading anything, every other is refused, so after the first weight sync
-/// of a training run it leaves rotation rather than serve tokens of an older policy.
-pub struct FixedWeights {
-    inner: Arc<dyn Backend>,
-    serves: PolicyVersion,
-}
-
-impl FixedWeights {
-    pub fn new(inner: Arc<dyn Backend>, serves: PolicyVersion) -> Self {
-        FixedWeights { inner, serves }
-    }
-}
-
-#[async_trait]
-impl Backend for FixedWeights {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    async fn generate(&self, req: GenRequest) -> Result<GenOutput, BackendError> {
-        self.inner.generate(req).await
-    }
-    async fn generate_stream(
-        &self,
-        req: GenRequest,
-        tokens: tokio::sync::mpsc::UnboundedSender<Generated>,
-    ) -> Result<GenOutput, BackendError> {
-        self.inner.generate_stream(req, tokens).await
-    }
-    async fn score(
-        &self,
-        tokens: &[u32],
-        temperature: f64,
-        top: usize,
-    ) -> Result<Vec<TokenScore>, BackendError> {
-        self.inner.score(tokens, temperature, top).await
-    }
-    async fn abort(&self, id: RequestId) -> Result<(), BackendError> {
-        self.inner.abort(id).await
-    }
-    async fn pause(&self, mode: PauseMode) -> Result<(), BackendError> {
-        self.inner.pause(mode).await
-    }
-    async fn resume(&self) -> Result<(), BackendError> {
-        self.inner.resume().await
-    }
-    async fn update_weights(&self, update: &WeightUpdate) -> Result<(), BackendError> {
-        if update.version() == self.serves {
-            return Ok(());
-        }
-        Err(BackendError::Unsupported {
-            backend: self.inner.name().to_string(),
-            what: "weight updates (configured with weights = \"none\")".into(),
-        })
-    }
-    async fn load(&self) -> Result<BackendLoad, BackendError> {
-        self.inner.load().await
-    }
-    async fn health(&self) -> Result<(), BackendError> {
-        self.inner.health().await
     }
 }

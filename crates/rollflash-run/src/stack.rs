@@ -23,9 +23,9 @@ use rollflash_model::train::TrainableModel;
 use rollflash_model::weights::Weights;
 use rollflash_rollout::{
     probe_server, Backend, BackendEntry, DiskWeights, EngineBackend, EngineBackendConfig,
-    EnvFactory, EnvManager, EnvManagerConfig, FixedWeights, HttpBackendConfig, LlmProxy,
-    OpenAiBackend, OpenAiConfig, PauseMode, ProxyError, Renderer, ServerApi, SglangBackend,
-    TinkerAdapters, TinkerBackend, TinkerBackendConfig, VllmBackend, WeightHook, WeightPublisher,
+    EnvFactory, EnvManager, EnvManagerConfig, HttpBackendConfig, LlmProxy, OpenAiBackend,
+    OpenAiConfig, PauseMode, ProxyError, Renderer, ServerApi, SglangBackend, TinkerAdapters,
+    TinkerBackend, TinkerBackendConfig, VllmBackend, WeightHook, WeightPublisher, WeightRoute,
     WeightUpdate,
 };
 use rollflash_tinker::TinkerClient;
@@ -424,17 +424,18 @@ impl Stack {
             ))),
             _ => None,
         };
-        let tinker_route = |b: Arc<dyn Backend>| -> Arc<dyn Backend> {
+        let tinker_route = || -> WeightRoute {
             match &tinker_adapters {
-                Some(a) => Arc::new(DiskWeights::tinker(b, Arc::clone(a))),
-                None => b,
+                Some(a) => WeightRoute::Disk(DiskWeights::tinker(Arc::clone(a))),
+                None => WeightRoute::Direct,
             }
         };
         let mut backends = Vec::with_capacity(plan.backends().len());
         let mut remotes = Vec::new();
         for b in plan.backends() {
-            let (backend, max_running, update_timeout): (
+            let (backend, route, max_running, update_timeout): (
                 Arc<dyn Backend>,
+                WeightRoute,
                 usize,
                 Option<std::time::Duration>,
             ) = match b {
@@ -443,13 +444,14 @@ impl Stack {
                     threads,
                     max_running_requests,
                 } => (
-                    tinker_route(Arc::new(engine(
+                    Arc::new(engine(
                         Arc::clone(&snapshot),
                         version,
                         name,
                         *threads,
                         *max_running_requests,
-                    )?)),
+                    )?),
+                    tinker_route(),
                     *max_running_requests,
                     None,
                 ),
@@ -473,7 +475,12 @@ impl Stack {
                         kind: ServerKind::Tinker,
                         http: http.clone(),
                     });
-                    (client, *max_running_requests, Some(*weight_sync_timeout))
+                    (
+                        client,
+                        WeightRoute::Direct,
+                        *max_running_requests,
+                        Some(*weight_sync_timeout),
+                    )
                 }
                 BackendPlan::Remote {
                     kind,
@@ -487,23 +494,25 @@ impl Stack {
                     http.initial_version = version;
                     let client = remote_backend(*kind, &http, model.as_deref(), *weights)?;
                     remotes.push(Remote { kind: *kind, http });
-                    let backend: Arc<dyn Backend> = match (weights, &publisher) {
-                        (ServerWeights::Disk, _) if tinker_adapters.is_some() => {
-                            tinker_route(client)
-                        }
+                    let route = match (weights, &publisher) {
+                        (ServerWeights::Disk, _) if tinker_adapters.is_some() => tinker_route(),
                         (w, Some(p)) if w.sends_adapter(*kind, plan.lora().is_some()) => {
-                            Arc::new(DiskWeights::adapter(
-                                client,
+                            WeightRoute::Disk(DiskWeights::adapter(
                                 Arc::clone(p),
                                 rollflash_rollout::AdapterProbe::default(),
                             ))
                         }
                         (ServerWeights::Disk | ServerWeights::Merged, Some(p)) => {
-                            Arc::new(DiskWeights::new(client, Arc::clone(p)))
+                            WeightRoute::Disk(DiskWeights::new(Arc::clone(p)))
                         }
-                        _ => Arc::new(FixedWeights::new(client, version)),
+                        _ => WeightRoute::Fixed { serves: version },
                     };
-                    (backend, *max_running_requests, Some(*weight_sync_timeout))
+                    (
+                        client,
+                        route,
+                        *max_running_requests,
+                        Some(*weight_sync_timeout),
+                    )
                 }
             };
             let backend = match &hooks.wrap_backend {
@@ -512,6 +521,7 @@ impl Stack {
             };
             backends.push(BackendEntry {
                 backend,
+                route,
                 max_running_requests: max_running,
                 update_timeout,
             });
@@ -579,6 +589,7 @@ impl Stack {
         let proxy = LlmProxy::start(
             vec![BackendEntry {
                 backend: Arc::new(backend),
+                route: WeightRoute::Direct,
                 max_running_requests: running,
                 update_timeout: None,
             }],

@@ -73,6 +73,7 @@ async fn roll_out_async(
         )?;
         backends.push(BackendEntry {
             backend: Arc::new(b) as Arc<dyn Backend>,
+            route: rollflash_rollout::WeightRoute::Direct,
             max_running_requests: plan.max_running,
             update_timeout: None,
         });

@@ -152,3 +152,30 @@ impl Backend for Hanging {
         Ok(())
     }
 }
+
+/// A backend and its weight route, as the proxy's entry holds them: calls go to the backend
+/// (through `Deref`), weight updates through the route with [`Routed::update`].
+pub struct Routed {
+    pub backend: Arc<dyn rollflash_rollout::Backend>,
+    pub route: rollflash_rollout::WeightRoute,
+}
+
+impl Routed {
+    pub async fn update(
+        &self,
+        update: &rollflash_rollout::WeightUpdate,
+    ) -> Result<(), rollflash_rollout::BackendError> {
+        self.route.send(self.backend.as_ref(), update).await
+    }
+
+    pub fn layout(&self) -> Option<rollflash_rollout::Layout> {
+        self.route.layout()
+    }
+}
+
+impl std::ops::Deref for Routed {
+    type Target = dyn rollflash_rollout::Backend;
+    fn deref(&self) -> &Self::Target {
+        self.backend.as_ref()
+    }
+}

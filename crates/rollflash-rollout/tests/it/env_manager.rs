@@ -84,6 +84,7 @@ fn instant_proxy(cap: usize) -> (LlmProxy, Arc<InstantBackend>) {
     let proxy = LlmProxy::start(
         vec![BackendEntry {
             backend: b.clone() as Arc<dyn Backend>,
+            route: rollflash_rollout::WeightRoute::Direct,
             max_running_requests: cap,
             update_timeout: None,
         }],
@@ -311,6 +312,7 @@ async fn trajectories_waiting_on_environments_hold_no_generation_slot() {
     let proxy = LlmProxy::start(
         vec![BackendEntry {
             backend: b.clone() as Arc<dyn Backend>,
+            route: rollflash_rollout::WeightRoute::Direct,
             max_running_requests: 4,
             update_timeout: None,
         }],
@@ -397,6 +399,7 @@ async fn trajectories_through_a_real_engine() {
     let proxy = LlmProxy::start(
         vec![BackendEntry {
             backend: e as Arc<dyn Backend>,
+            route: rollflash_rollout::WeightRoute::Direct,
             max_running_requests: 8,
             update_timeout: None,
         }],
@@ -436,6 +439,7 @@ async fn a_generation_that_times_out_fails_its_trajectory() {
     let proxy = LlmProxy::start(
         vec![BackendEntry {
             backend: hung.clone() as Arc<dyn Backend>,
+            route: rollflash_rollout::WeightRoute::Direct,
             max_running_requests: 4,
             update_timeout: None,
         }],

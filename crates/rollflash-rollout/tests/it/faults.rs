@@ -18,6 +18,7 @@ use rollflash_rollout::{
 fn entry(b: &Arc<InstantBackend>) -> BackendEntry {
     BackendEntry {
         backend: Arc::clone(b) as Arc<dyn Backend>,
+        route: rollflash_rollout::WeightRoute::Direct,
         max_running_requests: 4,
         update_timeout: None,
     }
@@ -203,6 +204,7 @@ impl Backend for WedgedUpdates {
 fn wedged(b: &Arc<InstantBackend>, update_timeout: Option<Duration>) -> BackendEntry {
     BackendEntry {
         backend: Arc::new(WedgedUpdates(Arc::clone(b))),
+        route: rollflash_rollout::WeightRoute::Direct,
         max_running_requests: 4,
         update_timeout,
     }

@@ -12,10 +12,10 @@ use rollflash_model::model::Transformer;
 use rollflash_model::train::token_stats;
 use rollflash_rollout::{
     AdapterProbe, Backend, DiskWeights, EngineAdapterHost, EngineBackend, EngineBackendConfig,
-    Layout, ServerConfig, WeightPublisher, WeightUpdate, WeightsAccess,
+    Layout, ServerConfig, WeightPublisher, WeightRoute, WeightUpdate, WeightsAccess,
 };
 
-use crate::common::tiny_model_with_vocab;
+use crate::common::{tiny_model_with_vocab, Routed};
 use crate::http::{client_config, start_server_with_adapters, TestServer};
 
 /// The built-in tokenizer's vocabulary fits.
@@ -81,21 +81,27 @@ async fn the_adapter_is_synced_over_the_sglang_api_and_generation_uses_it() {
     let publisher =
         Arc::new(WeightPublisher::new(tmp.path(), 2, base.config().clone(), None).unwrap());
     let client = Arc::new(rollflash_rollout::SglangBackend::new(client_config(&srv)).unwrap());
-    let sync = DiskWeights::adapter(client, Arc::clone(&publisher), AdapterProbe::default());
+    let sync = Routed {
+        backend: client,
+        route: WeightRoute::Disk(DiskWeights::adapter(
+            Arc::clone(&publisher),
+            AdapterProbe::default(),
+        )),
+    };
     for v in 1..=3u64 {
         let model = adapted(&base, 0.02 * v as f64);
         // As the proxy's sync does: pause, update, resume.
         sync.pause(rollflash_rollout::PauseMode::Keep)
             .await
             .unwrap();
-        sync.update_weights(&WeightUpdate::InProcess {
+        sync.update(&WeightUpdate::InProcess {
             model: Arc::clone(&model),
             version: PolicyVersion(v),
         })
         .await
         .unwrap();
         sync.resume().await.unwrap();
-        assert_eq!(sync.layout(), Layout::Adapter);
+        assert_eq!(sync.layout(), Some(Layout::Adapter));
         let dir = publisher.adapter_dir_of(PolicyVersion(v));
         assert!(dir.join("adapter_config.json").is_file());
         assert!(dir.join("adapter_model.safetensors").is_file());
@@ -137,9 +143,12 @@ async fn a_server_that_ignores_the_adapter_fails_the_probe() {
     let publisher =
         Arc::new(WeightPublisher::new(tmp.path(), 2, base.config().clone(), None).unwrap());
     let client = Arc::new(rollflash_rollout::SglangBackend::new(client_config(&srv)).unwrap());
-    let sync = DiskWeights::adapter(client, publisher, AdapterProbe::default());
+    let sync = Routed {
+        backend: client,
+        route: WeightRoute::Disk(DiskWeights::adapter(publisher, AdapterProbe::default())),
+    };
     let e = sync
-        .update_weights(&WeightUpdate::InProcess {
+        .update(&WeightUpdate::InProcess {
             model: adapted(&base, 0.05),
             version: PolicyVersion(1),
         })
@@ -161,16 +170,18 @@ async fn a_server_that_lost_its_base_gets_it_back_before_the_next_adapter() {
     let publisher =
         Arc::new(WeightPublisher::new(tmp.path(), 2, base.config().clone(), None).unwrap());
     let client = Arc::new(rollflash_rollout::SglangBackend::new(client_config(&srv)).unwrap());
-    let sync = DiskWeights::adapter(
-        client.clone(),
-        Arc::clone(&publisher),
-        AdapterProbe::default(),
-    );
+    let sync = Routed {
+        backend: client.clone(),
+        route: WeightRoute::Disk(DiskWeights::adapter(
+            Arc::clone(&publisher),
+            AdapterProbe::default(),
+        )),
+    };
     let update = |v: u64| WeightUpdate::InProcess {
         model: adapted(&base, 0.02 * v as f64),
         version: PolicyVersion(v),
     };
-    sync.update_weights(&update(1)).await.unwrap();
+    sync.update(&update(1)).await.unwrap();
     // The "restart": the server serves another base, unknown to the sync.
     let other = WeightPublisher::new(tmp.path().join("other"), 1, base.config().clone(), None)
         .unwrap()
@@ -185,9 +196,9 @@ async fn a_server_that_lost_its_base_gets_it_back_before_the_next_adapter() {
         .await
         .unwrap();
     // The update leaves the backend paused, as inside the proxy's sync; the proxy resumes.
-    let e = sync.update_weights(&update(2)).await.unwrap_err();
+    let e = sync.update(&update(2)).await.unwrap_err();
     assert!(e.to_string().contains("match neither"), "{e}");
-    sync.update_weights(&update(2)).await.unwrap();
+    sync.update(&update(2)).await.unwrap();
     sync.resume().await.unwrap();
     let out = sync.generate(request(200)).await.unwrap();
     let want = trainer_logprobs(

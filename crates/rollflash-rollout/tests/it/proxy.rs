@@ -16,6 +16,7 @@ use crate::common;
 fn entry(b: Arc<dyn Backend>, cap: usize) -> BackendEntry {
     BackendEntry {
         backend: b,
+        route: rollflash_rollout::WeightRoute::Direct,
         max_running_requests: cap,
         update_timeout: None,
     }

@@ -1,14 +1,14 @@
 //! Weight publication for remote backends: one directory per version, written once however
-//! many backends ask, loadable as a whole model, older ones pruned; `DiskWeights` turns an
-//! in-process update into a disk one of that directory.
+//! many backends ask, loadable as a whole model, older ones pruned; the disk weight route
+//! turns an in-process update into a disk one of that directory.
 
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use rollflash_core::{GenOutput, GenRequest, PolicyVersion, RequestId};
 use rollflash_rollout::{
-    Backend, BackendError, BackendLoad, DiskWeights, FixedWeights, InstantBackend, PauseMode,
-    TokenScore, WeightPublisher, WeightUpdate,
+    Backend, BackendError, BackendLoad, DiskWeights, InstantBackend, PauseMode, TokenScore,
+    WeightPublisher, WeightRoute, WeightUpdate,
 };
 
 use crate::common::tiny_model;
@@ -64,32 +64,6 @@ impl Backend for Recording {
     }
 }
 
-/// The weight wrappers pass scoring through to the backend they wrap (top log-prob
-/// alternatives on `rollflash serve` depend on it), not the trait's default refusal.
-#[tokio::test]
-async fn the_weight_wrappers_forward_scoring() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(3);
-    let publisher = Arc::new(
-        WeightPublisher::new(tmp.path().join("w"), 2, model.config().clone(), None).unwrap(),
-    );
-    let rec = || -> Arc<dyn Backend> {
-        Arc::new(Recording {
-            inner: InstantBackend::new("r"),
-            seen: Mutex::new(Vec::new()),
-        })
-    };
-    let disk = DiskWeights::new(rec(), publisher);
-    let fixed = FixedWeights::new(rec(), PolicyVersion(0));
-    for b in [&disk as &dyn Backend, &fixed] {
-        let s = b.score(&[1, 2, 3], 1.0, 0).await.unwrap();
-        assert_eq!(
-            s.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-            [-2.0, -3.0]
-        );
-    }
-}
-
 #[tokio::test]
 async fn each_version_is_one_loadable_directory_and_old_ones_are_pruned() {
     let tmp = tempfile::tempdir().unwrap();
@@ -105,9 +79,10 @@ async fn each_version_is_one_loadable_directory_and_old_ones_are_pruned() {
             })
         })
         .collect();
-    let wrapped: Vec<DiskWeights> = rec
+    // One route per backend, as the proxy holds them; the publisher is shared.
+    let routes: Vec<WeightRoute> = rec
         .iter()
-        .map(|r| DiskWeights::new(Arc::clone(r) as Arc<dyn Backend>, Arc::clone(&publisher)))
+        .map(|_| WeightRoute::Disk(DiskWeights::new(Arc::clone(&publisher))))
         .collect();
     for v in 1..=3 {
         let update = WeightUpdate::InProcess {
@@ -115,8 +90,8 @@ async fn each_version_is_one_loadable_directory_and_old_ones_are_pruned() {
             version: PolicyVersion(v),
         };
         let (a, b) = tokio::join!(
-            wrapped[0].update_weights(&update),
-            wrapped[1].update_weights(&update)
+            routes[0].send(rec[0].as_ref(), &update),
+            routes[1].send(rec[1].as_ref(), &update)
         );
         a.unwrap();
         b.unwrap();
@@ -147,18 +122,28 @@ async fn each_version_is_one_loadable_directory_and_old_ones_are_pruned() {
 
 #[tokio::test]
 async fn a_fixed_weights_server_takes_only_the_version_it_serves() {
-    let b = FixedWeights::new(Arc::new(InstantBackend::new("judge")), PolicyVersion(0));
-    b.update_weights(&WeightUpdate::Disk {
-        path: "x".into(),
-        version: PolicyVersion(0),
-    })
-    .await
-    .unwrap();
-    let e = b
-        .update_weights(&WeightUpdate::Disk {
-            path: "x".into(),
-            version: PolicyVersion(1),
-        })
+    let judge = InstantBackend::new("judge");
+    let route = WeightRoute::Fixed {
+        serves: PolicyVersion(0),
+    };
+    route
+        .send(
+            &judge,
+            &WeightUpdate::Disk {
+                path: "x".into(),
+                version: PolicyVersion(0),
+            },
+        )
+        .await
+        .unwrap();
+    let e = route
+        .send(
+            &judge,
+            &WeightUpdate::Disk {
+                path: "x".into(),
+                version: PolicyVersion(1),
+            },
+        )
         .await
         .unwrap_err();
     assert!(e.to_string().contains("weights = \"none\""), "{e}");

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use rollflash_core::{GenRequest, PolicyVersion, RequestId, SamplingParams};
 use rollflash_rollout::{
     Backend, BackendError, DiskWeights, EngineBackend, EngineBackendConfig, PauseMode,
-    TinkerAdapters, TinkerBackend, TinkerBackendConfig, WeightUpdate,
+    TinkerAdapters, TinkerBackend, TinkerBackendConfig, WeightRoute, WeightUpdate,
 };
 use rollflash_tinker::{
     AdamParams, ClientConfig, Datum, LocalServer, LocalServerError, LoraConfig, RetryPolicy,
@@ -244,7 +244,10 @@ async fn checks(server: &mut LocalServer, t0: Instant) {
             },
         )
         .unwrap();
-        DiskWeights::tinker(Arc::new(e), Arc::clone(&adapters))
+        crate::common::Routed {
+            backend: Arc::new(e),
+            route: WeightRoute::Disk(DiskWeights::tinker(Arc::clone(&adapters))),
+        }
     };
     let same = rollflash_model::model::Transformer::from_weights(
         base.config(),
@@ -256,7 +259,7 @@ async fn checks(server: &mut LocalServer, t0: Instant) {
     let embedded = engine("embedded", same);
     // As the proxy does around a sync: the route leaves the backend paused after its probe.
     embedded.pause(PauseMode::Abort).await.unwrap();
-    embedded.update_weights(&v1).await.unwrap();
+    embedded.update(&v1).await.unwrap();
     embedded.resume().await.unwrap();
     let taught = embedded
         .generate(req(3100, &PROMPT, SamplingParams::greedy(4)))
@@ -282,10 +285,7 @@ async fn checks(server: &mut LocalServer, t0: Instant) {
         base.device(),
     )
     .unwrap();
-    let e = engine("other-base", other)
-        .update_weights(&v1)
-        .await
-        .unwrap_err();
+    let e = engine("other-base", other).update(&v1).await.unwrap_err();
     assert!(e.to_string().contains("failed its probe"), "{e}");
     lap(&format!(
         "the exported adapter on an embedded engine; another base: {e}"

@@ -34,7 +34,7 @@ use rollflash_model::train::token_stats;
 use rollflash_model::weights::Weights;
 use rollflash_rollout::{
     AdapterProbe, Backend, BackendError, DiskWeights, HttpBackendConfig, Layout, PauseMode,
-    VllmBackend, WeightPublisher, WeightUpdate,
+    VllmBackend, WeightPublisher, WeightRoute, WeightUpdate,
 };
 
 /// Largest |vLLM − ours| allowed for one sampled token's log-prob (both float32, same weights;
@@ -575,11 +575,13 @@ async fn checks(server: &Server, model_dir: &Path, tmp: &Path) {
     let publisher = Arc::new(
         WeightPublisher::new(tmp.join("published"), 2, loaded.config.clone(), None).unwrap(),
     );
-    let sync = Arc::new(DiskWeights::adapter(
-        Arc::clone(&vllm) as Arc<dyn Backend>,
-        Arc::clone(&publisher),
-        AdapterProbe::default(),
-    ));
+    let sync = Arc::new(crate::common::Routed {
+        backend: Arc::clone(&vllm) as Arc<dyn Backend>,
+        route: WeightRoute::Disk(DiskWeights::adapter(
+            Arc::clone(&publisher),
+            AdapterProbe::default(),
+        )),
+    });
     let mut previous: Option<Arc<Transformer>> = None;
     for v in 3..=5u64 {
         let version = PolicyVersion(v);
@@ -603,7 +605,7 @@ async fn checks(server: &Server, model_dir: &Path, tmp: &Path) {
         // As the proxy's weight sync does: pause, update, resume.
         sync.pause(PauseMode::Keep).await.unwrap();
         let t0 = Instant::now();
-        sync.update_weights(&WeightUpdate::InProcess {
+        sync.update(&WeightUpdate::InProcess {
             model: Arc::clone(&model),
             version,
         })
@@ -611,7 +613,11 @@ async fn checks(server: &Server, model_dir: &Path, tmp: &Path) {
         .unwrap();
         let took = t0.elapsed();
         sync.resume().await.unwrap();
-        assert_eq!(sync.layout(), Layout::Adapter, "vLLM took the adapter");
+        assert_eq!(
+            sync.layout(),
+            Some(Layout::Adapter),
+            "vLLM took the adapter"
+        );
         assert!(
             !publisher.dir_of(version).exists(),
             "no merged model written"

@@ -132,6 +132,7 @@ fn rollout_with(backends: Vec<Arc<InstantBackend>>, cfg: ProxyConfig) -> Rollout
         .into_iter()
         .map(|b| BackendEntry {
             backend: b as Arc<dyn Backend>,
+            route: rollflash_rollout::WeightRoute::Direct,
             max_running_requests: 16,
             update_timeout: None,
         })

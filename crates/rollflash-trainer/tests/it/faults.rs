@@ -231,6 +231,7 @@ impl Setup {
             .iter()
             .map(|b| BackendEntry {
                 backend: Arc::clone(b) as Arc<dyn Backend>,
+                route: rollflash_rollout::WeightRoute::Direct,
                 max_running_requests: self.capacity,
                 update_timeout: None,
             })
@@ -390,6 +391,7 @@ async fn each_fault_fails_its_trajectory_with_a_reason_naming_it() {
     let proxy = LlmProxy::start(
         vec![BackendEntry {
             backend: Arc::new(InstantBackend::new("i")) as Arc<dyn Backend>,
+            route: rollflash_rollout::WeightRoute::Direct,
             max_running_requests: 8,
             update_timeout: None,
         }],

@@ -70,6 +70,7 @@ async fn rl_raises_the_reward_of_a_one_token_bandit() {
     let proxy = LlmProxy::start(
         vec![BackendEntry {
             backend: Arc::new(engine) as Arc<dyn Backend>,
+            route: rollflash_rollout::WeightRoute::Direct,
             max_running_requests: 64,
             update_timeout: None,
         }],

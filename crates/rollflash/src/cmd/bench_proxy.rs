@@ -101,6 +101,7 @@ async fn measure(a: &BenchProxyArgs, concurrency: usize) -> Result<Level> {
             rollflash_rollout::SglangBackend::new(rollflash_rollout::HttpBackendConfig::new(url))?;
         vec![BackendEntry {
             backend: Arc::new(client) as Arc<dyn Backend>,
+            route: rollflash_rollout::WeightRoute::Direct,
             max_running_requests: a.max_running,
             update_timeout: None,
         }]
@@ -108,6 +109,7 @@ async fn measure(a: &BenchProxyArgs, concurrency: usize) -> Result<Level> {
         (0..a.backends.max(1))
             .map(|i| BackendEntry {
                 backend: Arc::new(InstantBackend::new(format!("instant-{i}"))) as Arc<dyn Backend>,
+                route: rollflash_rollout::WeightRoute::Direct,
                 max_running_requests: a.max_running,
                 update_timeout: None,
             })

@@ -59,6 +59,7 @@ async fn scrape_shows_the_step_the_accounting_and_the_proxy() {
     let proxy = LlmProxy::start(
         vec![BackendEntry {
             backend: Arc::new(InstantBackend::with_delay("i0", Duration::ZERO)) as Arc<dyn Backend>,
+            route: rollflash_rollout::WeightRoute::Direct,
             max_running_requests: 4,
             update_timeout: None,
         }],

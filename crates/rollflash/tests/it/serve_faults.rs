@@ -237,11 +237,13 @@ async fn a_server_killed_mid_run_and_restarted_loses_nothing_and_rejoins() {
         vec![
             BackendEntry {
                 backend: a.backend(),
+                route: rollflash_rollout::WeightRoute::Direct,
                 max_running_requests: 16,
                 update_timeout: None,
             },
             BackendEntry {
                 backend: b.backend(),
+                route: rollflash_rollout::WeightRoute::Direct,
                 max_running_requests: 16,
                 update_timeout: None,
             },
@@ -383,11 +385,13 @@ async fn soak(secs: u64, concurrency: usize) -> Soak {
         vec![
             BackendEntry {
                 backend: a.backend(),
+                route: rollflash_rollout::WeightRoute::Direct,
                 max_running_requests: 32,
                 update_timeout: None,
             },
             BackendEntry {
                 backend: b.backend(),
+                route: rollflash_rollout::WeightRoute::Direct,
                 max_running_requests: 32,
                 update_timeout: None,
             },
