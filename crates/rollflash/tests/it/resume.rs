@@ -9,7 +9,6 @@ use rollflash_run::config::TrainConfig;
 use rollflash_run::pipeline::{self, Resume, RunOptions};
 use serde_json::Value;
 
-use crate::ChainText;
 
 /// A run small enough for seconds ([`crate::util::tiny_lake_sets`]), synchronous, no
 /// warm-up.
@@ -465,10 +464,7 @@ async fn a_resumed_dataset_run_continues_with_the_next_unseen_row_exactly() {
     };
     // Refused: another shuffle seed, another task.
     let refused = |c: TrainConfig| async move {
-        pipeline::run_with(c, resume())
-            .await
-            .unwrap_err()
-            .chain_text()
+        rollflash_core::error_chain(&pipeline::run_with(c, resume()).await.unwrap_err())
     };
     let e = refused(data_cfg(part.path(), &data, N, K, &["env.shuffle_seed=1"])).await;
     assert!(e.contains("shuffle_seed is 0, the config's 1"), "{e}");
