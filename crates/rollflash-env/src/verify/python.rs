@@ -238,11 +238,21 @@ pub struct Call {
 /// The pool could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum PythonError {
-    #[error("invalid reward.python.{0}")]
-    Config(#[from] PythonConfigError),
+    /// A setting out of range, named as the config file spells it.
+    #[error("invalid reward.python.{field}: {reason}")]
+    Config { field: &'static str, reason: String },
     /// The first worker did not start: the interpreter is missing or broken.
     #[error("cannot start the Python reward worker with {python}: {reason}")]
     Start { python: PathBuf, reason: String },
+}
+
+impl From<PythonConfigError> for PythonError {
+    fn from(e: PythonConfigError) -> Self {
+        PythonError::Config {
+            field: e.field,
+            reason: e.reason,
+        }
+    }
 }
 
 /// Counters of a pool, for logs and benchmarks.

@@ -9,7 +9,6 @@ use rollflash_run::config::TrainConfig;
 use rollflash_run::pipeline::{self, Resume, RunOptions};
 use serde_json::Value;
 
-
 /// A run small enough for seconds ([`crate::util::tiny_lake_sets`]), synchronous, no
 /// warm-up.
 ///
