@@ -144,10 +144,10 @@ pub fn run(args: EnvServeArgs) -> Result<()> {
         if let Some(p) = python {
             // Before the port opens: a missing interpreter is said at once, not at the
             // first client's request.
-            let shown = p.python.display().to_string();
+            // The pool's error names the interpreter.
             let pool = PythonPool::start(p)
                 .await
-                .with_context(|| format!("--reward-python {shown}: starting the workers"))?;
+                .context("--reward-python: starting the workers")?;
             cfg.python = Some(pool);
         }
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))

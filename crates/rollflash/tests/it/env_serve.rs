@@ -155,29 +155,43 @@ async fn sigterm_stops_the_server_cleanly() {
 }
 
 #[tokio::test]
-async fn unknown_env_name_is_refused_at_startup() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rollflash"))
-        .args(["env-serve", "--env", "chess"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut stderr)
-        .await
-        .expect("read stderr");
-    let exit = tokio::time::timeout(STARTUP, child.wait())
-        .await
-        .expect("exits")
-        .expect("wait");
-    assert!(!exit.success());
-    assert!(stderr.contains("chess"), "{stderr}");
+async fn bad_flags_are_refused_at_startup_naming_them() {
+    for (args, named) in [
+        (&["--env", "chess"][..], "chess"),
+        (
+            &["--reward-python", "python3", "--reward-workers", "0"][..],
+            "--reward-workers",
+        ),
+        // The interpreter is started before the port opens, so a missing one is said at once.
+        (
+            &["--reward-python", "/nonexistent/bin/python"][..],
+            "/nonexistent/bin/python",
+        ),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rollflash"))
+            .arg("env-serve")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn");
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut stderr)
+            .await
+            .expect("read stderr");
+        let exit = tokio::time::timeout(STARTUP, child.wait())
+            .await
+            .expect("exits")
+            .expect("wait");
+        assert!(!exit.success(), "{args:?}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
 }
 
 #[tokio::test]
