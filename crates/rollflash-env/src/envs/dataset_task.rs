@@ -42,11 +42,11 @@ use crate::dataset::{
 };
 use crate::env::{Env, EnvError, Reset, Step};
 use crate::envs::config_error;
-use crate::verify::code::{score_code, CodeScoring, CodeTests};
+use crate::verify::code::{score_code, CodeExtract, CodeScoring, CodeTests};
 use crate::verify::math::{reference_answer, Rule};
 use crate::verify::python::{Call, PythonPool, PythonReward, RewardStyle};
 use crate::verify::{CountdownVerifier, FormatVerifier, MathVerifier, Reward, Verifier};
-use rollflash_sandbox::Sandbox;
+use rollflash_sandbox::{Sandbox, Verdict};
 
 /// The first held-out task seed; `rollflash train` evaluates on `HELD_OUT_SEED_BASE + i`.
 pub const HELD_OUT_SEED_BASE: u64 = 1 << 40;
@@ -159,6 +159,10 @@ fn default_prompt() -> FieldPath {
 fn default_answer() -> FieldPath {
     FieldPath::known("answer")
 }
+fn default_attempts() -> usize {
+    1
+}
+
 fn default_max_row_bytes() -> usize {
     DEFAULT_MAX_ROW_BYTES
 }
@@ -261,6 +265,20 @@ pub struct DatasetTaskConfig {
     /// `fraction` (the share of tests passed).
     #[serde(default)]
     pub code_scoring: CodeScoring,
+    /// With `reward = "code"`: where the response's code is, `last_fence` (the last closed
+    /// fenced block; the default) or `whole` (the response as it is).
+    #[serde(default)]
+    pub code_extract: CodeExtract,
+    /// With `reward = "code"`: attempts the model gets at a row — the multi-turn coding
+    /// environment. After an attempt that fails, the environment answers with what failed
+    /// (the verdict, the tests passed, the end of the traceback) and the model writes the code
+    /// again, until it passes or this many attempts are spent. 1 (the default) is single-turn.
+    #[serde(default = "default_attempts")]
+    pub attempts: usize,
+    /// With `attempts > 1`: taken from the last attempt's reward for every attempt before it,
+    /// so a solution right at once is worth more than one right after feedback.
+    #[serde(default)]
+    pub attempt_cost: f64,
     /// With `reward = "countdown"`: the field holding the numbers to use (a list of integers,
     /// or a string of them separated by commas or spaces); `None` = `numbers`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -297,6 +315,9 @@ impl DatasetTaskConfig {
             format_weight: 0.0,
             reward: DatasetReward::Math,
             code_scoring: CodeScoring::default(),
+            code_extract: CodeExtract::default(),
+            attempts: 1,
+            attempt_cost: 0.0,
             numbers: None,
             shuffle_seed: 0,
             seed_origin: 0,
@@ -385,6 +406,30 @@ impl DatasetTaskConfig {
         if self.code_scoring != CodeScoring::default() && self.reward != DatasetReward::Code {
             return Err(config_error(
                 "code_scoring",
+                "applies to reward = \"code\" only; set it or unset this",
+            ));
+        }
+        if self.attempts == 0 || self.attempts > MAX_ATTEMPTS {
+            return Err(config_error(
+                "attempts",
+                format!("must be in 1..={MAX_ATTEMPTS}, got {}", self.attempts),
+            ));
+        }
+        if self.attempts > 1 && self.reward != DatasetReward::Code {
+            return Err(config_error(
+                "attempts",
+                "more than one attempt needs feedback from running the code: reward = \"code\"",
+            ));
+        }
+        if !(self.attempt_cost.is_finite() && self.attempt_cost >= 0.0) {
+            return Err(config_error(
+                "attempt_cost",
+                format!("must be finite and non-negative, got {}", self.attempt_cost),
+            ));
+        }
+        if self.code_extract != CodeExtract::default() && self.reward != DatasetReward::Code {
+            return Err(config_error(
+                "code_extract",
                 "applies to reward = \"code\" only; set it or unset this",
             ));
         }
@@ -1255,6 +1300,7 @@ pub struct DatasetEnv {
     format_weight: f64,
     reward: DatasetReward,
     code_scoring: CodeScoring,
+    code_extract: CodeExtract,
     /// The run's sandbox, with `reward = "code"`.
     sandbox: Option<Sandbox>,
     /// The run's Python worker pool, with `reward = { python = … }`.
@@ -1264,6 +1310,12 @@ pub struct DatasetEnv {
     /// The row posed by the last `reset` and whether it is held out, until answered.
     current: Option<(TaskRow, bool)>,
     started: bool,
+    /// Attempts at a code row ([`DatasetTaskConfig::attempts`]) and what each after the first
+    /// costs.
+    attempts: usize,
+    attempt_cost: f64,
+    /// Failed attempts so far at the current row.
+    failed_attempts: usize,
 }
 
 impl std::fmt::Debug for DatasetEnv {
@@ -1297,6 +1349,7 @@ impl DatasetEnv {
         }
         Ok(DatasetEnv {
             code_scoring: cfg.code_scoring,
+            code_extract: cfg.code_extract,
             sandbox,
             python,
             conversational: cfg.messages.is_some(),
@@ -1307,6 +1360,9 @@ impl DatasetEnv {
             reward: cfg.reward.clone(),
             current: None,
             started: false,
+            attempts: cfg.attempts,
+            attempt_cost: cfg.attempt_cost,
+            failed_attempts: 0,
         })
     }
 
@@ -1317,7 +1373,14 @@ impl DatasetEnv {
 
     /// The code reward's step: the verdict's name in `verdict`, and `code/<verdict>` = 1 (a
     /// number, so it reaches the trajectory's `env_metrics` and can be counted per step).
-    async fn code_step(&self, action: &str, row: &TaskRow, held: bool) -> Result<Step, EnvError> {
+    /// With attempts left, a failing attempt is not the end: the row stays posed and the
+    /// observation says what failed (its verdict is in `attempt_verdict`, not counted).
+    async fn code_step(
+        &mut self,
+        action: &str,
+        row: TaskRow,
+        held: bool,
+    ) -> Result<Step, EnvError> {
         let (Some(sandbox), Ok(tests)) = (
             self.sandbox.as_ref(),
             serde_json::from_str::<CodeTests>(&row.answer),
@@ -1328,12 +1391,38 @@ impl DatasetEnv {
                 "code rows without their tests or sandbox",
             ));
         };
-        let score = score_code(sandbox, &tests, action, self.code_scoring)
-            .await
-            .map_err(|e| EnvError::Internal {
-                what: "code sandbox".into(),
-                source: Box::new(e),
-            })?;
+        let score = score_code(
+            sandbox,
+            &tests,
+            action,
+            self.code_extract,
+            self.code_scoring,
+        )
+        .await
+        .map_err(|e| EnvError::Internal {
+            what: "code sandbox".into(),
+            source: Box::new(e),
+        })?;
+        if score.verdict != Verdict::Passed && self.failed_attempts + 1 < self.attempts {
+            self.failed_attempts += 1;
+            let mut info = Map::new();
+            info.insert("id".into(), json!(row.id));
+            info.insert("attempt_verdict".into(), json!(score.verdict.name()));
+            let observation = attempt_feedback(
+                &score,
+                self.code_extract,
+                self.failed_attempts,
+                self.attempts,
+            );
+            self.current = Some((row, held));
+            return Ok(Step {
+                observation,
+                reward: 0.0,
+                terminated: false,
+                truncated: false,
+                info,
+            });
+        }
         let mut info = Map::new();
         info.insert("id".into(), json!(row.id));
         info.insert(
@@ -1347,6 +1436,10 @@ impl DatasetEnv {
         info.insert("correct".into(), json!(score.reward));
         info.insert("detail".into(), json!(score.detail));
         let mut reward = score.reward;
+        if self.attempts > 1 {
+            info.insert("attempts".into(), json!(self.failed_attempts + 1));
+            reward -= self.attempt_cost * self.failed_attempts as f64;
+        }
         if self.format_weight > 0.0 {
             let f = FormatVerifier.score(action, &row.answer);
             reward += self.format_weight * f.value;
@@ -1439,6 +1532,51 @@ impl DatasetEnv {
     }
 }
 
+/// Most attempts at one code row: each is a model turn and an execution, so the episode stays
+/// bounded by the context the turns fill.
+pub const MAX_ATTEMPTS: usize = 16;
+
+/// Longest traceback excerpt an attempt's feedback quotes.
+const FEEDBACK_CHARS: usize = 600;
+
+/// What the model reads after failing attempt `failed` of `attempts`: the verdict, the tests
+/// passed, and the end of what the program printed on failing, in ASCII (observations are; other
+/// characters become `?`) and at most [`FEEDBACK_CHARS`] of it.
+fn attempt_feedback(
+    score: &crate::verify::code::CodeScore,
+    extract: CodeExtract,
+    failed: usize,
+    attempts: usize,
+) -> String {
+    let what = match score.verdict {
+        Verdict::NoCode => format!("no code was found ({})", score.detail),
+        v => format!(
+            "{} ({} of {} tests passed)",
+            v.name().replace('_', " "),
+            score.passed,
+            score.total
+        ),
+    };
+    let detail: String = score
+        .detail
+        .chars()
+        .map(|c| if c.is_ascii() { c } else { '?' })
+        .collect();
+    let start = detail.len().saturating_sub(FEEDBACK_CHARS);
+    let detail = detail[start..].trim();
+    let mut text = format!("Attempt {failed} of {attempts} failed: {what}.");
+    if !detail.is_empty() && score.verdict != Verdict::NoCode {
+        text.push_str(&format!("\n{detail}"));
+    }
+    text.push_str(match extract {
+        CodeExtract::LastFence => {
+            "\nFix the code and answer with the whole corrected solution in a ```python block."
+        }
+        CodeExtract::Whole => "\nFix the code and answer with the whole corrected solution.",
+    });
+    text
+}
+
 /// A sample's arguments for a Python function of `style` (see [`Call::args`]).
 ///
 /// verl: `extra_info` is the row's `extra_info` field when it is an object (what verl
@@ -1513,6 +1651,7 @@ impl Env for DatasetEnv {
         let observation = row.prompt.clone();
         self.current = Some((row.clone(), held));
         self.started = true;
+        self.failed_attempts = 0;
         Ok(Reset { observation, info })
     }
 
@@ -1523,7 +1662,7 @@ impl Env for DatasetEnv {
             return Err(crate::env::out_of_order("dataset", self.started));
         };
         if self.reward == DatasetReward::Code {
-            return self.code_step(action, &row, held).await;
+            return self.code_step(action, row, held).await;
         }
         if let DatasetReward::Python(p) = &self.reward {
             return self.python_step(p, action, &row, held).await;

@@ -56,6 +56,29 @@ pub enum CodeScoring {
     Fraction,
 }
 
+/// Where a response's code is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CodeExtract {
+    /// The last closed fenced block ([`extract_code`]): what chat models write, and what
+    /// the public recipes score.
+    #[default]
+    LastFence,
+    /// The whole response is the program (a base model completing a function body, or a
+    /// prompt that asks for bare code).
+    Whole,
+}
+
+impl CodeExtract {
+    /// The code of `response` under this rule; `None` when there is none.
+    pub fn code(self, response: &str) -> Option<String> {
+        match self {
+            CodeExtract::LastFence => extract_code(response),
+            CodeExtract::Whole => Some(response.to_string()).filter(|c| !c.trim().is_empty()),
+        }
+    }
+}
+
 /// The score of one response.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CodeScore {
@@ -129,16 +152,21 @@ pub async fn score_code(
     sandbox: &Sandbox,
     tests: &CodeTests,
     response: &str,
+    extract: CodeExtract,
     scoring: CodeScoring,
 ) -> Result<CodeScore, SandboxError> {
     let total = tests.count();
-    let Some(code) = extract_code(response) else {
+    let Some(code) = extract.code(response) else {
         return Ok(CodeScore {
             reward: 0.0,
             verdict: Verdict::NoCode,
             passed: 0,
             total,
-            detail: "no fenced code block".into(),
+            detail: match extract {
+                CodeExtract::LastFence => "no fenced code block",
+                CodeExtract::Whole => "an empty response",
+            }
+            .into(),
         });
     };
     let runs: Vec<Execution> = match tests {

