@@ -4,4 +4,5 @@
 
 pub mod calibrate;
 pub mod rl;
+pub mod sandbox;
 pub mod tables;

@@ -67,6 +67,8 @@ pub enum BenchError {
     Plot(#[from] rollflash_plot::PlotError),
     #[error(transparent)]
     Io(#[from] IoError),
+    #[error(transparent)]
+    Sandbox(#[from] rollflash_sandbox::SandboxError),
     #[error("unknown mode `{0}` (known: {known})", known = MODE_NAMES.join(", "))]
     UnknownMode(String),
 }
@@ -85,18 +87,60 @@ pub enum Workload {
     /// runs, where the model writes long reasoning per turn): the agentic speed-up where it
     /// is not just sleeping environments overlapping.
     AgenticGen,
+    /// The multi-turn coding environment: every model turn is a program run in the code
+    /// sandbox against the task's tests, and a failing one is answered with its error and
+    /// another turn, so executions (a fresh sandbox each) are a real part of a trajectory.
+    /// Random weights: the whole response is the program, which rarely parses.
+    Code,
 }
 
 impl Workload {
     /// Every workload, in the order `all` runs them.
-    pub const ALL: [Workload; 3] = [Workload::Rlvr, Workload::Agentic, Workload::AgenticGen];
+    pub const ALL: [Workload; 4] = [
+        Workload::Rlvr,
+        Workload::Agentic,
+        Workload::AgenticGen,
+        Workload::Code,
+    ];
 
-    /// `rlvr`, `agentic` or `agentic-gen`.
+    /// `rlvr`, `agentic`, `agentic-gen` or `code`.
     pub fn name(self) -> &'static str {
         match self {
             Workload::Rlvr => "rlvr",
             Workload::Agentic => "agentic",
             Workload::AgenticGen => "agentic-gen",
+            Workload::Code => "code",
+        }
+    }
+
+    /// Writes the data the workload reads under `out` and returns the settings naming it
+    /// (after [`Workload::sets`]); none for the workloads whose tasks are generated.
+    ///
+    /// `code`: 32 HumanEval-shaped rows (a one-line function to complete, one `assert`),
+    /// short enough that two attempts and the feedback between them fit the built-in
+    /// model's 512 positions.
+    pub fn data(self, out: &Path) -> Result<Vec<String>, IoError> {
+        match self {
+            Workload::Rlvr | Workload::Agentic | Workload::AgenticGen => Ok(Vec::new()),
+            Workload::Code => {
+                std::fs::create_dir_all(out).map_err(IoError::at("cannot create", out))?;
+                let path = out.join("code_tasks.jsonl");
+                let rows: String = (0..32)
+                    .map(|i| {
+                        let (k, c) = (i % 7 + 2, i / 7);
+                        let row = serde_json::json!({
+                            "task_id": format!("bench/{i}"),
+                            "prompt": format!("def f(x):\n    \"\"\"Return x*{k}+{c}.\"\"\"\n"),
+                            "test": format!("def check(g):\n    assert g(3) == {}\n", 3 * k + c),
+                            "entry_point": "f",
+                        });
+                        format!("{row}\n")
+                    })
+                    .collect();
+                std::fs::write(&path, rows).map_err(IoError::at("cannot write", &path))?;
+                let path = serde_json::to_string(&path.display().to_string()).unwrap_or_default();
+                Ok(vec![format!("env.files=[{{ path = {path} }}]")])
+            }
         }
     }
 
@@ -190,6 +234,26 @@ impl Workload {
                 "buffer.group_size=4",
                 "train.steps=4",
             ],
+            // Two attempts per task, each a 48-token turn and an execution in the sandbox
+            // (its default limits, two workers); the files come from `data`.
+            Workload::Code => &[
+                "env.name=\"dataset\"",
+                "env.reward=\"code\"",
+                "env.code_extract=\"whole\"",
+                "env.attempts=2",
+                "env.answer=\"test\"",
+                "env.id=\"task_id\"",
+                "warmup.steps=0",
+                "rollout.max_running_requests=4",
+                "rollout.max_new_tokens=48",
+                "rollout.max_turns=2",
+                "rollout.max_total_tokens=448",
+                "rollout.temperature=1.0",
+                "rollout.group_size_redundancy=2",
+                "buffer.groups_per_batch=2",
+                "buffer.group_size=4",
+                "train.steps=4",
+            ],
         };
         common
             .iter()
@@ -202,7 +266,7 @@ impl Workload {
     pub fn default_modes(self) -> &'static [&'static str] {
         match self {
             Workload::Rlvr => &["sync", "queue", "replicate", "alpha1", "alpha2", "all"],
-            Workload::Agentic | Workload::AgenticGen => {
+            Workload::Agentic | Workload::AgenticGen | Workload::Code => {
                 &["sync", "queue", "env-async", "redundant", "alpha1", "all"]
             }
         }
@@ -618,6 +682,10 @@ fn fmt3(s: Spread, decimals: usize) -> String {
 /// `rollflash train` caches it).
 async fn prepare(cfg: TrainConfig) -> Result<(RunPlan, Policy), BenchError> {
     let plan = RunPlan::new(cfg)?;
+    if let (Some(config), Some(data)) = (plan.sandbox(), plan.data()) {
+        // As `rollflash train` does: the task's every environment shares this sandbox.
+        data.set_sandbox(rollflash_sandbox::Sandbox::new(config.clone()).await?);
+    }
     let mut policy = Policy::load(&plan)?;
     let mut model = policy.trainable(&plan)?;
     if let WarmedUp::Reused(dir) = stack::warm_up(&plan, &policy, &mut model, &StopFlag::new())
@@ -638,6 +706,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     let mut settings = Vec::new();
     for &w in &opts.workloads {
         let mut sets = w.sets();
+        sets.extend(w.data(&opts.out)?);
         if let Some(steps) = opts.steps {
             sets.push(format!("train.steps={steps}"));
         }

@@ -6,8 +6,8 @@ mod log_writer;
 mod signal;
 
 use cmd::{
-    bench, bench_engine, bench_proxy, dashboard, env_serve, eval, generate, serve, sim, train,
-    verify,
+    bench, bench_engine, bench_proxy, bench_sandbox, dashboard, env_serve, eval, generate, serve,
+    sim, train, verify,
 };
 
 use std::path::PathBuf;
@@ -65,6 +65,9 @@ enum Command {
     /// Measure the control plane: requests/s and added latency through the proxy to
     /// no-compute backends, at several concurrency levels.
     BenchProxy(bench_proxy::BenchProxyArgs),
+    /// Measure the code sandbox: start-up overhead and executions/s at several pool sizes,
+    /// beside the same programs run unsandboxed.
+    BenchSandbox(bench_sandbox::BenchSandboxArgs),
     /// Serve a model over HTTP: the SGLang-native API and the OpenAI-compatible API.
     Serve(serve::ServeArgs),
     /// Simulate the scheduler at cluster scale (speed-up vs α, 8 → 512 GPUs, long tails,
@@ -121,6 +124,7 @@ fn main() -> std::result::Result<(), ErrorReport> {
         Command::Bench(a) => bench::run(a),
         Command::BenchEngine(a) => bench_engine::run(a),
         Command::BenchProxy(a) => bench_proxy::run(a),
+        Command::BenchSandbox(a) => bench_sandbox::run(a),
         Command::Serve(a) => serve::run(a),
         Command::EnvServe(a) => env_serve::run(a),
         Command::Sim(a) => sim::run(a),

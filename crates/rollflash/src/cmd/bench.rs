@@ -12,7 +12,9 @@ use rollflash_bench::rl::{self as bench_rl, BenchOptions, Workload, MODE_NAMES};
 pub struct BenchRlArgs {
     /// `rlvr` (long-tailed math, real engine and learner), `agentic` (multi-turn FrozenLake
     /// behind slow, failing environments), `agentic-gen` (the same game with long model
-    /// turns and fast environments: generation-bound), `both` (rlvr and agentic) or `all`.
+    /// turns and fast environments: generation-bound), `code` (the multi-turn coding
+    /// environment: each turn's program runs in the code sandbox), `both` (rlvr and agentic)
+    /// or `all`.
     #[arg(long, default_value = "both")]
     workload: String,
     /// Runs per mode; the table shows min / median / max (1 keeps the default run within
@@ -40,7 +42,7 @@ pub struct BenchRlArgs {
 pub fn run(a: BenchRlArgs) -> Result<()> {
     let Some(workloads) = Workload::parse_list(&a.workload) else {
         bail!(
-            "unknown workload `{}` (rlvr, agentic, agentic-gen, both, all)",
+            "unknown workload `{}` (rlvr, agentic, agentic-gen, code, both, all)",
             a.workload
         );
     };

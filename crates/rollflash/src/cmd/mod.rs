@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod bench_engine;
 pub mod bench_proxy;
+pub mod bench_sandbox;
 pub mod dashboard;
 pub mod env_serve;
 pub mod eval;

@@ -26,9 +26,12 @@ fn workload_names_parse_once() {
     );
     assert_eq!(Workload::parse_list("all"), Some(Workload::ALL.to_vec()));
     assert_eq!(Workload::parse_list("agentic_gen"), None);
-    // Each workload's settings load as a `rollflash train` config.
+    // Each workload's settings, with its data, load as a `rollflash train` config.
+    let dir = tempfile::tempdir().unwrap();
     for w in Workload::ALL {
-        rollflash_run::config::TrainConfig::load(None, &w.sets())
+        let mut sets = w.sets();
+        sets.extend(w.data(dir.path()).unwrap());
+        rollflash_run::config::TrainConfig::load(None, &sets)
             .unwrap_or_else(|e| panic!("{}: {e}", w.name()));
     }
 }
@@ -110,4 +113,46 @@ async fn bench_runs_every_mode_and_keeps_its_invariants() {
     let written = report.write(dir.path()).unwrap();
     assert!(written.iter().any(|p| p.ends_with("bench.md")));
     assert!(written.iter().any(|p| p.ends_with("bench.csv")));
+}
+
+/// The code workload (the multi-turn coding environment, each turn run in the code sandbox)
+/// on a tiny setting: the baseline and every mechanism together keep the invariants. Skips,
+/// saying why, where the sandbox cannot start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_runs_the_code_workload() {
+    if let Err(e) = rollflash_sandbox::Sandbox::new(Default::default()).await {
+        eprintln!("skipped: {e}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 3;
+    let opts = BenchOptions {
+        workloads: vec![Workload::Code],
+        modes: Some(vec!["sync".into(), "all".into()]),
+        repeats: 1,
+        steps: Some(steps),
+        sets: [
+            "rollout.max_new_tokens=12",
+            "rollout.engine_threads=1",
+            "train.threads=1",
+            "buffer.group_size=2",
+            "rollout.group_size_redundancy=1",
+        ]
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect(),
+        out: dir.path().to_path_buf(),
+        verbose: false,
+    };
+    let report = bench_rl::run(&opts).await.unwrap();
+    for name in ["sync", "all"] {
+        let r = report.get(Workload::Code, name).unwrap();
+        for m in &r.runs {
+            assert!(m.accounting.balanced(), "{name}: {:?}", m.accounting);
+            assert_eq!(m.steps, steps, "{name}");
+            assert_eq!(m.trained, (steps * 2 * 2) as u64, "{name}");
+            assert!(m.staleness_max <= r.mode.alpha.ceil() as u64, "{name}");
+            assert!((0.0..=1.0).contains(&m.gen_share), "{name}");
+        }
+    }
 }
