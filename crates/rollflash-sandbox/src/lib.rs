@@ -19,7 +19,7 @@ mod program;
 mod sandbox;
 mod verdict;
 
-pub use config::{ConfigError, Limits, SandboxConfig};
+pub use config::{ConfigError, Limits, SandboxConfig, SandboxKind};
 pub use program::{Language, Program};
 pub use sandbox::{Sandbox, SandboxError};
 pub use verdict::{Execution, Verdict};
