@@ -49,8 +49,9 @@ pub(crate) struct Remote {
     /// `url` + `/run_code`.
     endpoint: String,
     http: reqwest::Client,
-    /// `Bearer <key>`, when a key is configured. Never printed.
-    authorization: Option<String>,
+    /// The API key, when one is configured. Never printed: sent through `bearer_auth`,
+    /// which marks the header sensitive, so the HTTP stack's own logs leave it out too.
+    key: Option<String>,
     retries: u32,
     margin: Duration,
     /// Requests sent again after a transient failure (for tests and logs).
@@ -62,10 +63,7 @@ impl std::fmt::Debug for Remote {
         // Not derived: the key must not reach a log line.
         f.debug_struct("Remote")
             .field("url", &self.url)
-            .field(
-                "authorization",
-                &self.authorization.as_ref().map(|_| "<set>"),
-            )
+            .field("key", &self.key.as_ref().map(|_| "<redacted>"))
             .field("retries", &self.retries)
             .field("margin", &self.margin)
             .finish()
@@ -167,10 +165,10 @@ impl Remote {
             }
             .into());
         };
-        let authorization = match &config.api_key_env {
+        let key = match &config.api_key_env {
             None => None,
             Some(var) => match std::env::var(var) {
-                Ok(key) if !key.is_empty() => Some(format!("Bearer {key}")),
+                Ok(key) if !key.is_empty() => Some(key),
                 Ok(_) => {
                     return Err(ConfigError {
                         field: "api_key_env",
@@ -198,7 +196,7 @@ impl Remote {
             endpoint: format!("{}/run_code", url.trim_end_matches('/')),
             url,
             http,
-            authorization,
+            key,
             retries: config.retries,
             margin: Duration::from_secs_f64(config.remote_margin_secs),
             retried: AtomicU64::new(0),
@@ -312,8 +310,8 @@ impl Remote {
             .body(body.to_vec());
         // SandboxFusion itself checks no key; gateways in front of it (API gateways, auth
         // proxies) commonly take a bearer token, so that is the convention we send.
-        if let Some(auth) = &self.authorization {
-            request = request.header(reqwest::header::AUTHORIZATION, auth);
+        if let Some(key) = &self.key {
+            request = request.bearer_auth(key);
         }
         let mut response = request
             .send()

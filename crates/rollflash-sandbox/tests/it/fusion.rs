@@ -328,6 +328,8 @@ async fn the_key_is_sent_and_a_refusal_is_not_retried() {
     let sb = start(good).await;
     let e = sb.run(&Program::python("print(1)")).await.unwrap();
     assert_eq!(e.verdict, Verdict::Passed);
+    // The key is read from the environment, never printed.
+    assert!(!format!("{sb:?}").contains("s3cret"), "{sb:?}");
     for key in [Some("RF_FUSION_TEST_KEY_BAD"), None] {
         let before = server.requests();
         let config = SandboxConfig {
@@ -345,6 +347,7 @@ async fn the_key_is_sent_and_a_refusal_is_not_retried() {
         );
         assert!(err.to_string().contains(&server.url), "{err}");
         assert_eq!(server.requests() - before, 1, "a refusal was retried");
+        assert!(!format!("{err:?}").contains("guess"), "{err:?}");
     }
 }
 
