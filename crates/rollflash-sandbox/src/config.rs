@@ -1,5 +1,7 @@
-//! The sandbox's settings (the `[sandbox]` section of a run's config): pool size, limits and
-//! where `bwrap` and the interpreter are. Defaults and validation live here, once.
+//! The sandbox's settings (the `[sandbox]` section of a run's config): which sandbox (local
+//! bubblewrap or a remote SandboxFusion server), pool size, limits, where `bwrap` and the
+//! interpreter are, and the remote server's address, key and retries. Defaults and
+//! validation live here, once.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,10 +18,35 @@ pub struct ConfigError {
     pub reason: String,
 }
 
+/// Where programs run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxKind {
+    /// On this machine, in bubblewrap (the crate docs say how it is contained).
+    #[default]
+    Local,
+    /// On a SandboxFusion server (bytedance/SandboxFusion), through its `POST /run_code`:
+    /// for users who already run one, or whose machines cannot run bubblewrap. Containment is
+    /// then that server's business.
+    SandboxFusion,
+}
+
 /// How the sandbox runs programs. Every limit applies to one execution.
+///
+/// With `kind = "sandbox_fusion"`, `workers`, `wall_secs` (sent as `run_timeout`),
+/// `memory_mb` (sent as `memory_limit_MB`), `output_bytes` (applied here, to what the server
+/// returns) and `queue_timeout_secs` apply; `cpu_secs`, `processes`, `tmpfs_mb`,
+/// `open_files`, `bwrap`, `python` and `scratch_dir` are the local sandbox's only (the
+/// server applies its own). `url`, `api_key_env`, `retries` and `remote_margin_secs` are the
+/// remote sandbox's only.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxConfig {
+    /// Which sandbox runs the programs: `"local"` (bubblewrap, the default) or
+    /// `"sandbox_fusion"` (a remote server at `url`). Either way a sandbox that cannot run
+    /// programs stops the run at its start; nothing ever falls back to the other, or to
+    /// running unsandboxed.
+    pub kind: SandboxKind,
     /// Executions that may run at once; more wait for a slot. Each is a process tree that may
     /// use a full core, so more than the cores given to rewards only adds queueing.
     pub workers: usize,
@@ -58,6 +85,28 @@ pub struct SandboxConfig {
     /// the unprivileged user the sandbox runs as.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scratch_dir: Option<PathBuf>,
+    /// The SandboxFusion server's base URL (`http://host:8080`; `/run_code` is appended).
+    /// Required with `kind = "sandbox_fusion"`, refused otherwise (a `url` under a local
+    /// sandbox is a forgotten `kind`, and would silently run locally).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The name of an environment variable holding an API key, sent as
+    /// `Authorization: Bearer <key>`; read once, when the sandbox starts, and an unset
+    /// variable is an error there. The name, not the key, so the key stays out of config
+    /// files and of the run's saved config. `None`: no header.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Further attempts of a request that failed transiently (no connection, HTTP 5xx, 408
+    /// or 429, or the server's own `SandboxError` status), after backoffs of 0.2 s doubling
+    /// up to 5 s. A request past its deadline is not retried (see `remote_margin_secs`).
+    pub retries: u32,
+    /// Seconds a request may take beyond `wall_secs` before the client gives up on it: the
+    /// network, the server's own queue and its interpreter's start. One request's deadline
+    /// is `wall_secs + remote_margin_secs`; the server enforces `wall_secs` on the program
+    /// itself, so a request past that deadline means the server is stuck or swamped, and is
+    /// not sent again (that would add load to a swamped server and stretch the step past
+    /// the environment's step timeout).
+    pub remote_margin_secs: f64,
 }
 
 impl Default for SandboxConfig {
@@ -75,6 +124,11 @@ impl Default for SandboxConfig {
             bwrap: PathBuf::from("/usr/bin/bwrap"),
             python: PathBuf::from("/usr/bin/python3"),
             scratch_dir: None,
+            kind: SandboxKind::Local,
+            url: None,
+            api_key_env: None,
+            retries: 3,
+            remote_margin_secs: 10.0,
         }
     }
 }
@@ -111,6 +165,32 @@ fn positive_secs(field: &'static str, v: f64) -> Result<(), ConfigError> {
         return Err(bad(
             field,
             format!("must be in (0, 86400] seconds, got {v}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A base URL the client can call: plain `http://` with a host.
+fn check_url(url: &str) -> Result<(), ConfigError> {
+    // This build's HTTP client has no TLS (the workspace's `reqwest` has no TLS feature), so
+    // an https URL would fail on every request; say so here instead.
+    if url.starts_with("https://") {
+        return Err(bad(
+            "url",
+            format!(
+                "{url}: https is not supported by this build; use the server's plain-http \
+                 address (or a local proxy that terminates TLS)"
+            ),
+        ));
+    }
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Err(bad("url", format!("{url}: must start with http://")));
+    };
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if host.is_empty() || rest.contains(char::is_whitespace) {
+        return Err(bad(
+            "url",
+            format!("{url}: must be http://host[:port][/path]"),
         ));
     }
     Ok(())
@@ -158,6 +238,7 @@ impl SandboxConfig {
                 format!("must be at least 16, got {}", self.open_files),
             ));
         }
+        self.validate_remote()?;
         if !self.bwrap.is_absolute() {
             return Err(bad("bwrap", "must be an absolute path"));
         }
@@ -169,6 +250,52 @@ impl SandboxConfig {
                     self.python.display()
                 ),
             ));
+        }
+        Ok(())
+    }
+
+    /// The remote sandbox's settings: present exactly when it is the one chosen.
+    fn validate_remote(&self) -> Result<(), ConfigError> {
+        if self.retries > 10 {
+            return Err(bad(
+                "retries",
+                format!("must be in 0..=10, got {}", self.retries),
+            ));
+        }
+        positive_secs("remote_margin_secs", self.remote_margin_secs)?;
+        match self.kind {
+            SandboxKind::Local => {
+                let only_remote = |field| {
+                    bad(
+                        field,
+                        "is only used with kind = \"sandbox_fusion\"; the sandbox is local",
+                    )
+                };
+                if self.url.is_some() {
+                    return Err(only_remote("url"));
+                }
+                if self.api_key_env.is_some() {
+                    return Err(only_remote("api_key_env"));
+                }
+            }
+            SandboxKind::SandboxFusion => {
+                let Some(url) = &self.url else {
+                    return Err(bad(
+                        "url",
+                        "is required with kind = \"sandbox_fusion\" (the server's base URL, \
+                         such as http://127.0.0.1:8080)",
+                    ));
+                };
+                check_url(url)?;
+                if let Some(var) = &self.api_key_env {
+                    if var.is_empty() || var.contains('=') || var.contains('\0') {
+                        return Err(bad(
+                            "api_key_env",
+                            format!("must name an environment variable, got {var:?}"),
+                        ));
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -10,16 +10,22 @@
 //! `bwrap` cannot start, [`Sandbox::new`] fails with the reason: nothing ever runs
 //! unsandboxed.
 //!
+//! With `kind = "sandbox_fusion"` the programs run on a remote SandboxFusion server instead
+//! (its `POST /run_code`, with a deadline, retries and a capped answer), classified into the
+//! same verdicts; a server that cannot run a trivial program stops [`Sandbox::new`] naming
+//! its URL, and nothing falls back to the local sandbox.
+//!
 //! [`Sandbox::run`] is async and never blocks the runtime (`tokio::process`); at most
 //! `workers` executions run at once. It knows nothing of rewards or data sets: a
 //! [`Program`] in, an [`Execution`] with its [`Verdict`] out.
 
 mod config;
+mod fusion;
 mod program;
 mod sandbox;
 mod verdict;
 
-pub use config::{ConfigError, Limits, SandboxConfig};
+pub use config::{ConfigError, Limits, SandboxConfig, SandboxKind};
 pub use program::{Language, Program};
 pub use sandbox::{Sandbox, SandboxError};
 pub use verdict::{Execution, Verdict};

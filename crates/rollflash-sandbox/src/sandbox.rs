@@ -1,5 +1,6 @@
-//! The sandbox itself: the bubblewrap command line, the bounded pool, one execution's
-//! deadline, output cap and kill, and the verdict.
+//! The sandbox itself: the bounded pool and the choice of backend (local bubblewrap, or a
+//! remote SandboxFusion server in [`crate::fusion`]), the bubblewrap command line, one local
+//! execution's deadline, output cap and kill, and the verdict both backends share.
 //!
 //! **Containment.** The payload runs as an unprivileged user inside fresh user, PID, network,
 //! IPC, UTS, mount and cgroup namespaces. When this process is root (as in CI containers),
@@ -23,7 +24,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 use tokio::sync::Semaphore;
 
-use crate::config::{ConfigError, Limits, SandboxConfig};
+use crate::config::{ConfigError, Limits, SandboxConfig, SandboxKind};
+use crate::fusion::Remote;
 use crate::program::{normalise_output, Language, Program};
 use crate::verdict::{Execution, Verdict};
 
@@ -101,6 +103,93 @@ pub enum SandboxError {
     /// No worker became free in time.
     #[error("no sandbox worker became free within {0:?}")]
     QueueTimeout(Duration),
+    /// The remote sandbox failed its start-up check (a trivial program): the run does not
+    /// start, and nothing runs locally or unsandboxed instead.
+    #[error("the remote sandbox (SandboxFusion at {url}) cannot run programs: {source}")]
+    RemoteUnavailable {
+        /// The server's base URL.
+        url: String,
+        /// Why the trivial program failed.
+        #[source]
+        source: Box<SandboxError>,
+    },
+    /// The remote sandbox could not be reached, or answered with an HTTP error; `attempts`
+    /// counts the tries (more than one where the failure was transient).
+    #[error("the SandboxFusion server at {url} failed after {attempts} attempt(s): {reason}")]
+    Remote {
+        /// The server's base URL.
+        url: String,
+        /// What failed: the connection, or the HTTP status and body.
+        reason: String,
+        /// Requests sent.
+        attempts: u32,
+        /// The HTTP client's error, when there was one.
+        #[source]
+        source: Option<reqwest::Error>,
+    },
+    /// The server refused the request (HTTP 401 or 403): its key is missing or wrong. Not
+    /// retried: the next request would carry the same key.
+    #[error(
+        "the SandboxFusion server at {url} refused the request (HTTP {status}; check \
+         sandbox.api_key_env): {body}"
+    )]
+    RemoteRefused {
+        /// The server's base URL.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+        /// The start of the answer's body.
+        body: String,
+    },
+    /// The server answered `status: SandboxError`: it failed itself, not the program.
+    #[error(
+        "the SandboxFusion server at {url} reported its own failure after {attempts} \
+         attempt(s): {message}"
+    )]
+    RemoteSandboxError {
+        /// The server's base URL.
+        url: String,
+        /// The server's `message`.
+        message: String,
+        /// Requests sent.
+        attempts: u32,
+    },
+    /// No answer within the request's deadline (`wall_secs + remote_margin_secs`).
+    #[error("the SandboxFusion server at {url} did not answer within {deadline:?}")]
+    RemoteTimeout {
+        /// The server's base URL.
+        url: String,
+        /// The deadline that passed.
+        deadline: Duration,
+    },
+    /// A successful HTTP answer that is not a `run_code` answer.
+    #[error("the SandboxFusion server at {url} answered with something else: {reason}")]
+    RemoteGarbage {
+        /// The server's base URL.
+        url: String,
+        /// What was wrong with it.
+        reason: String,
+        /// The JSON error, when decoding failed.
+        #[source]
+        source: Option<serde_json::Error>,
+    },
+    /// The program needs something `run_code` cannot carry.
+    #[error("the SandboxFusion server at {url} cannot run a program with {what}")]
+    RemoteUnsupported {
+        /// The server's base URL.
+        url: String,
+        /// What it cannot carry.
+        what: String,
+    },
+    /// The HTTP client could not be built.
+    #[error("could not build an HTTP client for the SandboxFusion server at {url}")]
+    RemoteClient {
+        /// The server's base URL.
+        url: String,
+        /// The client's error.
+        #[source]
+        source: reqwest::Error,
+    },
 }
 
 /// Runs programs, at most `workers` at once. Cheap to clone: clones share the pool.
@@ -113,7 +202,22 @@ pub struct Sandbox {
 struct Inner {
     config: SandboxConfig,
     limits: Limits,
+    /// Bounds executions at once, local processes or remote requests alike.
     permits: Semaphore,
+    backend: Backend,
+}
+
+/// Where executions run: private, so that callers (the code reward) see one `Sandbox`
+/// whichever `kind` the config names.
+#[derive(Debug)]
+enum Backend {
+    Local(Local),
+    SandboxFusion(Remote),
+}
+
+/// What the local sandbox resolved about this host, once.
+#[derive(Debug)]
+struct Local {
     /// The user `bwrap` runs as, when it must be changed (this process is root).
     run_as: Option<u32>,
     scratch: PathBuf,
@@ -147,11 +251,61 @@ impl Drop for ScratchDir {
 
 static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
 
+/// The start-up check's program and what it prints.
+const PROBE_OUTPUT: &str = "rollflash-sandbox-ok";
+
 impl Sandbox {
     /// A sandbox for `config`, checked by running a trivial program in it: an error says why
-    /// it cannot run programs here (no `bwrap`, no user namespaces, no interpreter).
+    /// it cannot run programs (locally: no `bwrap`, no user namespaces, no interpreter;
+    /// remotely: the server is down, refuses the key or answers wrong, naming its URL).
     pub async fn new(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
         config.validate()?;
+        match config.kind {
+            SandboxKind::Local => Sandbox::new_local(config).await,
+            SandboxKind::SandboxFusion => Sandbox::new_remote(config).await,
+        }
+    }
+
+    /// The remote sandbox, once a trivial program ran on it (with the usual deadline and
+    /// retries, so a server that is down fails within the retries' backoff).
+    async fn new_remote(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
+        let remote = Remote::new(&config)?;
+        let url = remote.url().to_string();
+        let sandbox = Sandbox::with_backend(config, Backend::SandboxFusion(remote));
+        let probe = Program::python(format!("print('{PROBE_OUTPUT}')"));
+        let fail = |source: SandboxError| SandboxError::RemoteUnavailable {
+            url: url.clone(),
+            source: Box::new(source),
+        };
+        match sandbox.run(&probe).await {
+            Ok(e) if e.verdict == Verdict::Passed && e.stdout.trim() == PROBE_OUTPUT => Ok(sandbox),
+            Ok(e) => Err(fail(SandboxError::RemoteGarbage {
+                url: url.clone(),
+                reason: format!(
+                    "a trivial program ended as {} (exit {:?}), stdout {:?}, stderr {:?}",
+                    e.verdict,
+                    e.exit_code,
+                    e.stdout.trim(),
+                    e.stderr.trim()
+                ),
+                source: None,
+            })),
+            Err(e) => Err(fail(e)),
+        }
+    }
+
+    fn with_backend(config: SandboxConfig, backend: Backend) -> Sandbox {
+        Sandbox {
+            inner: Arc::new(Inner {
+                limits: config.limits(),
+                permits: Semaphore::new(config.workers),
+                backend,
+                config,
+            }),
+        }
+    }
+
+    async fn new_local(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
         for (what, path) in [
             ("bubblewrap", config.bwrap.as_path()),
             ("prlimit (util-linux)", Path::new(PRLIMIT)),
@@ -170,28 +324,22 @@ impl Sandbox {
                 reason: "cannot read /proc/self to learn our user".into(),
                 source: Some(source),
             })?;
-        let sandbox = Sandbox {
-            inner: Arc::new(Inner {
-                limits: config.limits(),
-                permits: Semaphore::new(config.workers),
-                run_as: is_root.then_some(NOBODY),
-                scratch: config
-                    .scratch_dir
-                    .clone()
-                    .unwrap_or_else(std::env::temp_dir),
-                system: system_args(),
-                config,
-            }),
+        let local = Local {
+            run_as: is_root.then_some(NOBODY),
+            scratch: config
+                .scratch_dir
+                .clone()
+                .unwrap_or_else(std::env::temp_dir),
+            system: system_args(),
         };
-        let probe = Program::python("print('rollflash-sandbox-ok')");
+        let sandbox = Sandbox::with_backend(config, Backend::Local(local));
+        let probe = Program::python(format!("print('{PROBE_OUTPUT}')"));
         let fail = |reason: String| SandboxError::Unavailable {
             reason,
             source: None,
         };
         match sandbox.run(&probe).await {
-            Ok(e) if e.verdict == Verdict::Passed && e.stdout.trim() == "rollflash-sandbox-ok" => {
-                Ok(sandbox)
-            }
+            Ok(e) if e.verdict == Verdict::Passed && e.stdout.trim() == PROBE_OUTPUT => Ok(sandbox),
             Ok(e) => Err(fail(format!(
                 "a trivial program ended as {} (exit {:?}): {}",
                 e.verdict,
@@ -212,6 +360,15 @@ impl Sandbox {
         &self.inner.config
     }
 
+    /// Remote requests sent again after a transient failure, so far (0 for the local
+    /// sandbox): a count for logs and tests.
+    pub fn remote_retries(&self) -> u64 {
+        match &self.inner.backend {
+            Backend::Local(_) => 0,
+            Backend::SandboxFusion(r) => r.retried(),
+        }
+    }
+
     /// Runs `program` once (waiting for a free worker first) and says how it fared. An
     /// error means the sandbox failed, not the program.
     pub async fn run(&self, program: &Program) -> Result<Execution, SandboxError> {
@@ -227,90 +384,101 @@ impl Sandbox {
             // The semaphore is never closed; treat it like a wedged pool all the same.
             Ok(Err(_)) | Err(_) => return Err(SandboxError::QueueTimeout(queue)),
         };
-        let dir = write_program(&inner.scratch, program).await?;
-        let mut cmd = Command::new(&inner.config.bwrap);
-        cmd.args(bwrap_args(inner, &dir.0, program))
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", "/tmp")
-            .env("LANG", "C.UTF-8")
-            .env("PYTHONIOENCODING", "utf-8")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            // A dropped execution (a cancelled trajectory) still kills its sandbox.
-            .kill_on_drop(true)
-            .process_group(0);
-        if let Some(uid) = inner.run_as {
-            cmd.uid(uid).gid(uid);
+        match &inner.backend {
+            Backend::Local(local) => run_local(inner, local, program).await,
+            Backend::SandboxFusion(remote) => remote.run(program, &inner.limits).await,
         }
-        let start = Instant::now();
-        let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
-            bwrap: inner.config.bwrap.clone(),
-            source,
-        })?;
-        let (stdin, stdout, stderr) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take());
-        let cap = inner.limits.output_bytes;
-        let mut out = Vec::new();
-        let mut err = Vec::new();
-        let io = async {
-            tokio::try_join!(
-                feed(stdin, &program.stdin),
-                read_capped(stdout, &mut out, cap),
-                read_capped(stderr, &mut err, cap),
-            )
-        };
-        let wall = inner.limits.wall;
-        let ended = match tokio::time::timeout(wall, io).await {
-            // Both streams closed: every process in the sandbox has exited (or closed them),
-            // so the exit is near; still bounded by what is left of the deadline.
-            Ok(Ok(_)) => {
-                let left = wall.saturating_sub(start.elapsed());
-                match tokio::time::timeout(left, child.wait()).await {
-                    Ok(Ok(status)) => Ended::Exited(exit_code(status)),
-                    Ok(Err(e)) => {
-                        kill(&mut child).await?;
-                        return Err(SandboxError::Io(e));
-                    }
-                    Err(_) => Ended::Killed(Verdict::Timeout),
-                }
-            }
-            Ok(Err(Stop::Overflow)) => Ended::Killed(Verdict::OutputLimit),
-            Ok(Err(Stop::Io(e))) => {
-                kill(&mut child).await?;
-                return Err(SandboxError::Io(e));
-            }
-            Err(_) => Ended::Killed(Verdict::Timeout),
-        };
-        if let Ended::Killed(_) = ended {
-            kill(&mut child).await?;
-        }
-        let wall_time = start.elapsed();
-        drop(dir);
-        let stdout = String::from_utf8_lossy(&out).into_owned();
-        let stderr = String::from_utf8_lossy(&err).into_owned();
-        let (verdict, exit_code) = match ended {
-            Ended::Killed(v) => (v, None),
-            Ended::Exited(code) => {
-                if let Some(message) = setup_failure(code, &stdout, &stderr) {
-                    return Err(SandboxError::Setup { message });
-                }
-                let expected = program.expected_stdout.as_deref();
-                (
-                    classify(program.language, code, &stdout, &stderr, expected),
-                    Some(code),
-                )
-            }
-        };
-        Ok(Execution {
-            verdict,
-            stdout,
-            stderr,
-            exit_code,
-            wall: wall_time,
-        })
     }
+}
+
+/// One execution in bubblewrap (the caller holds a worker permit).
+async fn run_local(
+    inner: &Inner,
+    local: &Local,
+    program: &Program,
+) -> Result<Execution, SandboxError> {
+    let dir = write_program(&local.scratch, program).await?;
+    let mut cmd = Command::new(&inner.config.bwrap);
+    cmd.args(bwrap_args(inner, local, &dir.0, program))
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/tmp")
+        .env("LANG", "C.UTF-8")
+        .env("PYTHONIOENCODING", "utf-8")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        // A dropped execution (a cancelled trajectory) still kills its sandbox.
+        .kill_on_drop(true)
+        .process_group(0);
+    if let Some(uid) = local.run_as {
+        cmd.uid(uid).gid(uid);
+    }
+    let start = Instant::now();
+    let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
+        bwrap: inner.config.bwrap.clone(),
+        source,
+    })?;
+    let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
+    let cap = inner.limits.output_bytes;
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let io = async {
+        tokio::try_join!(
+            feed(stdin, &program.stdin),
+            read_capped(stdout, &mut out, cap),
+            read_capped(stderr, &mut err, cap),
+        )
+    };
+    let wall = inner.limits.wall;
+    let ended = match tokio::time::timeout(wall, io).await {
+        // Both streams closed: every process in the sandbox has exited (or closed them),
+        // so the exit is near; still bounded by what is left of the deadline.
+        Ok(Ok(_)) => {
+            let left = wall.saturating_sub(start.elapsed());
+            match tokio::time::timeout(left, child.wait()).await {
+                Ok(Ok(status)) => Ended::Exited(exit_code(status)),
+                Ok(Err(e)) => {
+                    kill(&mut child).await?;
+                    return Err(SandboxError::Io(e));
+                }
+                Err(_) => Ended::Killed(Verdict::Timeout),
+            }
+        }
+        Ok(Err(Stop::Overflow)) => Ended::Killed(Verdict::OutputLimit),
+        Ok(Err(Stop::Io(e))) => {
+            kill(&mut child).await?;
+            return Err(SandboxError::Io(e));
+        }
+        Err(_) => Ended::Killed(Verdict::Timeout),
+    };
+    if let Ended::Killed(_) = ended {
+        kill(&mut child).await?;
+    }
+    let wall_time = start.elapsed();
+    drop(dir);
+    let stdout = String::from_utf8_lossy(&out).into_owned();
+    let stderr = String::from_utf8_lossy(&err).into_owned();
+    let (verdict, exit_code) = match ended {
+        Ended::Killed(v) => (v, None),
+        Ended::Exited(code) => {
+            if let Some(message) = setup_failure(code, &stdout, &stderr) {
+                return Err(SandboxError::Setup { message });
+            }
+            let expected = program.expected_stdout.as_deref();
+            (
+                classify(program.language, code, &stdout, &stderr, expected),
+                Some(code),
+            )
+        }
+    };
+    Ok(Execution {
+        verdict,
+        stdout,
+        stderr,
+        exit_code,
+        wall: wall_time,
+    })
 }
 
 /// Kills the sandbox and reaps it, within [`KILL_GRACE`]; when this returns, no process of
@@ -400,8 +568,9 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
 const SIGKILL: i32 = 9;
 const SIGXCPU: i32 = 24;
 
-/// The verdict of a program that exited with `code` by itself.
-fn classify(
+/// The verdict of a program that exited with `code` by itself (locally, or on the remote
+/// sandbox, which reports the same code, output and stderr).
+pub(crate) fn classify(
     language: Language,
     code: i32,
     stdout: &str,
@@ -465,7 +634,7 @@ fn system_args() -> Vec<OsString> {
 }
 
 /// The whole `bwrap` command line for one execution, the program's file in `dir`.
-fn bwrap_args(inner: &Inner, dir: &Path, program: &Program) -> Vec<OsString> {
+fn bwrap_args(inner: &Inner, local: &Local, dir: &Path, program: &Program) -> Vec<OsString> {
     let l = &inner.limits;
     let mut a: Vec<OsString> = [
         // Every namespace, the user one required (not "try"): without it the process limit
@@ -482,7 +651,7 @@ fn bwrap_args(inner: &Inner, dir: &Path, program: &Program) -> Vec<OsString> {
     .iter()
     .map(OsString::from)
     .collect();
-    a.extend(inner.system.iter().cloned());
+    a.extend(local.system.iter().cloned());
     a.extend(
         ["--proc", "/proc", "--dev", "/dev", "--size"]
             .iter()

@@ -72,8 +72,11 @@ pub struct Execution {
     /// Standard error, at most the output cap (lossy UTF-8).
     pub stderr: String,
     /// The sandbox's exit status: the program's code, or 128 + the signal that ended it
-    /// (bubblewrap's convention). `None` when the host killed it (deadline, output cap).
+    /// (bubblewrap's convention; a remote server's report of a signal is converted to it).
+    /// `None` when the host killed it (deadline, output cap), and for a remote execution
+    /// that timed out or passed the output cap, so both sandboxes give the same shape.
     pub exit_code: Option<i32>,
-    /// Wall time from spawn to reaped.
+    /// Wall time from spawn to reaped (remote: the server's `execution_time`, else the
+    /// request's round trip).
     pub wall: Duration,
 }

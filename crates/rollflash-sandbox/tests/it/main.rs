@@ -1,12 +1,14 @@
 //! Integration tests of the sandbox: ordinary programs (`basics.rs`), hostile ones
 //! (`hostile.rs`), and many executions in a row leaving the machine as found (`leaks.rs`).
 //! Each test skips, saying why, where bubblewrap cannot run (`scripts/setup_sandbox.sh`
-//! installs it).
+//! installs it). The remote sandbox's tests (`fusion.rs`) run against a stand-in
+//! SandboxFusion server and need no bubblewrap.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod basics;
+mod fusion;
 mod hostile;
 mod leaks;
 
