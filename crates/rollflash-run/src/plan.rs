@@ -489,6 +489,23 @@ impl RunPlan {
             .as_ref()
             .filter(|d| d.reward == rollflash_env::envs::dataset_task::DatasetReward::Code)
             .map(|_| c.sandbox.clone());
+        if let Some(sb) = &sandbox {
+            // An environment step that scores code waits for its execution; a step deadline
+            // shorter than one execution's would fail every slow program as a step timeout.
+            let need = sb.execution_deadline().as_secs_f64();
+            if r.step_timeout_secs <= need {
+                return Err(ConfigError::Field {
+                    field: "rollout.step_timeout_secs".into(),
+                    reason: format!(
+                        "{} s would end a step before its code execution's own deadline, \
+                         {need} s (sandbox.wall_secs, plus remote_margin_secs for a remote \
+                         sandbox); raise it or lower those",
+                        r.step_timeout_secs
+                    ),
+                }
+                .into());
+            }
+        }
         let python_reward = data
             .as_ref()
             .filter(|d| {

@@ -300,6 +300,17 @@ impl SandboxConfig {
         Ok(())
     }
 
+    /// The longest one execution may take before it ends with a verdict or an error: the
+    /// wall deadline, plus the network margin for a remote sandbox (one attempt; retries
+    /// come on top). A caller's own deadline on a run must be longer.
+    pub fn execution_deadline(&self) -> Duration {
+        let margin = match self.kind {
+            SandboxKind::Local => 0.0,
+            SandboxKind::SandboxFusion => self.remote_margin_secs,
+        };
+        Duration::from_secs_f64(self.wall_secs + margin)
+    }
+
     /// The typed limits.
     pub fn limits(&self) -> Limits {
         Limits {

@@ -402,3 +402,42 @@ fn rollout_servers_are_validated_by_field_and_planned_beside_the_engines() {
     let text = plan.describe().join("\n");
     assert!(text.contains("a weight update within 900 s"), "{text}");
 }
+
+/// A run that scores code checks its step deadline against one execution's: a step must not
+/// time out before its program does (the remote sandbox adds its network margin).
+#[test]
+fn a_step_deadline_shorter_than_a_code_execution_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("code.jsonl");
+    std::fs::write(
+        &data,
+        "{\"prompt\": \"def f():\\n\", \"test\": \"def check(c):\\n    assert c() == 1\\n\", \"entry_point\": \"f\"}\n",
+    )
+    .unwrap();
+    let files = format!("env.files=[{{ path = {:?} }}]", data.display().to_string());
+    let code = [
+        "env.name=\"dataset\"",
+        "env.reward=\"code\"",
+        "env.answer=\"test\"",
+        files.as_str(),
+    ];
+    let with = |extra: &[&str]| {
+        let sets: Vec<&str> = code.iter().copied().chain(extra.iter().copied()).collect();
+        rollflash_run::plan::RunPlan::new(load(&sets).unwrap()).map(|_| ())
+    };
+    with(&[]).unwrap();
+    let e = with(&["sandbox.wall_secs=40"]).unwrap_err().to_string();
+    assert!(e.contains("rollout.step_timeout_secs"), "{e}");
+    assert!(e.contains("40 s"), "{e}");
+    with(&["sandbox.wall_secs=40", "rollout.step_timeout_secs=60"]).unwrap();
+    // The remote sandbox's margin counts: 10 + 10 fits 30, 15 + 20 does not.
+    let remote = [
+        "sandbox.kind=\"sandbox_fusion\"",
+        "sandbox.url=\"http://127.0.0.1:1\"",
+    ];
+    with(&remote).unwrap();
+    let mut far = remote.to_vec();
+    far.extend(["sandbox.wall_secs=15", "sandbox.remote_margin_secs=20"]);
+    let e = with(&far).unwrap_err().to_string();
+    assert!(e.contains("35 s"), "{e}");
+}
