@@ -506,6 +506,18 @@ impl RunPlan {
                 .into());
             }
         }
+        if let Some(d) = data.as_ref().filter(|d| d.attempts > r.max_turns) {
+            // Each attempt is a model turn: fewer turns would cut every episode that needs
+            // its later attempts, and train on it as if the task had ended.
+            return Err(ConfigError::Field {
+                field: "rollout.max_turns".into(),
+                reason: format!(
+                    "{} is fewer than env.attempts = {} (each attempt is a turn)",
+                    r.max_turns, d.attempts
+                ),
+            }
+            .into());
+        }
         let python_reward = data
             .as_ref()
             .filter(|d| {

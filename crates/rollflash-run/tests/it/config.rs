@@ -440,4 +440,10 @@ fn a_step_deadline_shorter_than_a_code_execution_is_refused() {
     far.extend(["sandbox.wall_secs=15", "sandbox.remote_margin_secs=20"]);
     let e = with(&far).unwrap_err().to_string();
     assert!(e.contains("35 s"), "{e}");
+    // The multi-turn coding environment: each attempt is a turn.
+    let e = with(&["env.attempts=3", "rollout.max_turns=2"])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rollout.max_turns"), "{e}");
+    with(&["env.attempts=3", "rollout.max_turns=3"]).unwrap();
 }
