@@ -643,7 +643,22 @@ SHAPING_CASES = {
     "batch_mean_only": (dict(name="grpo", norm_by_std=False), dict(norm_mean_type="batch")),
     "rpp_whiten_twice": (dict(name="reinforce_plus_plus", gamma=0.9, baseline=True),
                          dict(norm_std_type="batch", whiten_advantages=True)),
+    # ROLL's reward_postprocess order with the group estimators too: normalise, *then* clip
+    # the normalised reward, then the estimator (clip first would give other advantages;
+    # `shaping_cases` checks that these cases tell the two orders apart).
+    "grpo_batch_norm_clip": (dict(name="grpo"),
+                             dict(norm_mean_type="batch", norm_std_type="batch",
+                                  reward_clip=0.8)),
+    "grpo_group_mean_batch_std_clip": (dict(name="grpo", norm_by_std=False),
+                                       dict(norm_mean_type="group", norm_std_type="batch",
+                                            reward_clip=0.7)),
+    "rloo_group_norm_clip": (dict(name="rloo"),
+                             dict(norm_mean_type="group", norm_std_type="group",
+                                  reward_clip=0.9)),
 }
+
+# The cases above whose order of normalising and clipping is checked to matter.
+ORDER_CASES = ["grpo_batch_norm_clip", "grpo_group_mean_batch_std_clip", "rloo_group_norm_clip"]
 
 
 def shaped(estimator, shaping, rewards, groups, lengths, mask, kl):
@@ -685,13 +700,23 @@ def shaped(estimator, shaping, rewards, groups, lengths, mask, kl):
     return [float(a) for a in adv * np.asarray(mask, dtype=np.float64)]
 
 
+def clipped_first(estimator, shaping, rewards, groups, lengths, mask, kl):
+    """The same shaping with the clip moved before the normalisation (the wrong order)."""
+    clip = shaping["reward_clip"]
+    r = list(np.clip(np.asarray(rewards, dtype=np.float64), -clip, clip))
+    rest = {k: v for k, v in shaping.items() if k != "reward_clip"}
+    return shaped(estimator, rest, r, groups, lengths, mask, kl)
+
+
 def shaping_cases():
     m = [bool(x) for x in ADV_MASK]
     out = []
     for name, (est, sh) in SHAPING_CASES.items():
-        out.append(dict(name=name, estimator=est, shaping=sh,
-                        advantages=shaped(est, sh, ADV_REWARDS, ADV_GROUPS, ADV_LENGTHS, m,
-                                          ADV_KL)))
+        adv = shaped(est, sh, ADV_REWARDS, ADV_GROUPS, ADV_LENGTHS, m, ADV_KL)
+        if name in ORDER_CASES:
+            other = clipped_first(est, sh, ADV_REWARDS, ADV_GROUPS, ADV_LENGTHS, m, ADV_KL)
+            assert max(abs(a - b) for a, b in zip(adv, other)) > 1e-3, name
+        out.append(dict(name=name, estimator=est, shaping=sh, advantages=adv))
     return dict(rewards=ADV_REWARDS, group_sizes=ADV_GROUPS, lengths=ADV_LENGTHS,
                 mask=ADV_MASK, kl=ADV_KL, cases=out)
 

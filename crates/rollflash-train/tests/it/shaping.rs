@@ -111,6 +111,19 @@ fn reference_shaping_cases_exercise_what_they_test() {
     assert!(run("std_only_clip").reward_clip_frac > 0.0);
     let m = run("dr_grpo_overlong");
     assert!(m.overlong_frac > 0.0 && m.overlong_frac < 1.0, "{m:?}");
+    // ROLL's order (normalise, then clip the normalised reward) for the group estimators:
+    // the clip bites, and the reference checked that clipping first would differ.
+    for name in [
+        "grpo_batch_norm_clip",
+        "grpo_group_mean_batch_std_clip",
+        "rloo_group_norm_clip",
+    ] {
+        let m = run(name);
+        assert!(
+            m.reward_clip_frac > 0.0 && m.reward_clip_frac < 1.0,
+            "{name}: {m:?}"
+        );
+    }
 }
 
 #[test]
