@@ -11,7 +11,10 @@
 //! `compile_result` and `run_result` each carry a `status` (`Finished`, `Error`,
 //! `TimeLimitExceeded`), `execution_time` (seconds), `return_code`, `stdout` and `stderr`.
 //! Fields we do not use (`executor_pod_name`, `files`) are ignored; an unknown `status` is
-//! an undecodable answer, never a guessed verdict.
+//! an undecodable answer, never a guessed verdict. Checked against a real server
+//! (bytedance/SandboxFusion 469de08, `tests/it/fusion.rs`): a killed program's
+//! `return_code` is minus the signal, and a timed-out one has `TimeLimitExceeded` with a
+//! null `return_code`, as assumed here.
 //!
 //! **Reliability.** Every request has a deadline (`wall_secs + remote_margin_secs`), covering
 //! connection, queueing on the server and reading the body. Transient failures (no

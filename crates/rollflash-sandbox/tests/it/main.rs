@@ -2,7 +2,8 @@
 //! (`hostile.rs`), and many executions in a row leaving the machine as found (`leaks.rs`).
 //! Each test skips, saying why, where bubblewrap cannot run (`scripts/setup_sandbox.sh`
 //! installs it). The remote sandbox's tests (`fusion.rs`) run against a stand-in
-//! SandboxFusion server and need no bubblewrap.
+//! SandboxFusion server and need no bubblewrap; one of them also runs against a real server
+//! where `ROLLFLASH_SANDBOX_FUSION_URL` is set.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
