@@ -482,7 +482,7 @@ impl RunPlan {
             EnvSource::Builtin(EnvSpec {
                 env: EnvConfig::Dataset(d),
                 ..
-            }) => Some(d.clone()),
+            }) => Some(DatasetTaskConfig::clone(d)),
             _ => None,
         };
         let sandbox = data

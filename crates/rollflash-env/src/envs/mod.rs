@@ -41,8 +41,8 @@ pub enum EnvConfig {
     /// Single-turn arithmetic with a verifiable answer ([`crate::math_task`]).
     Math(MathTaskConfig),
     /// Single-turn prompts from the user's JSONL/Parquet files, scored by the math verifier
-    /// ([`dataset`]).
-    Dataset(DatasetTaskConfig),
+    /// ([`dataset`]). Boxed: its settings are most of the enum's size.
+    Dataset(Box<DatasetTaskConfig>),
     /// Gymnasium's `FrozenLake-v1` ([`frozen_lake`]).
     FrozenLake(FrozenLakeConfig),
     /// Procedurally generated, always solvable Sokoban rooms ([`sokoban`]).

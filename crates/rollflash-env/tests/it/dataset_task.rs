@@ -276,7 +276,9 @@ fn config_values_are_checked_before_any_file_is_read() {
     // Through the spec, the field is prefixed with the environment.
     let mut c = task(vec![DataFile::new("/nonexistent.jsonl")]);
     c.format_weight = f64::NAN;
-    let e = EnvSpec::new(EnvConfig::Dataset(c)).validate().unwrap_err();
+    let e = EnvSpec::new(EnvConfig::Dataset(Box::new(c)))
+        .validate()
+        .unwrap_err();
     assert!(e.to_string().contains("dataset.format_weight"), "{e}");
 }
 
@@ -392,7 +394,7 @@ async fn gsm8k_solutions_and_parquet_files_load() {
     let mut c = DatasetTaskConfig::new(vec![DataFile::new(&path)]);
     c.prompt = "question".parse().unwrap();
     c.template = Some("[{level}] {question} =".into());
-    let mut env = make_env(&EnvSpec::new(EnvConfig::Dataset(c.clone()))).unwrap();
+    let mut env = make_env(&EnvSpec::new(EnvConfig::Dataset(Box::new(c.clone())))).unwrap();
     let mut seen = HashSet::new();
     for s in 0..2 {
         let r = env.reset(s).await.unwrap();
@@ -459,7 +461,7 @@ async fn files_are_loaded_once_per_config_and_its_clones() {
     std::fs::remove_file(&path).unwrap();
     // A clone (what a run's per-trajectory factory holds) uses the loaded rows, also after
     // the run moved the origin; a clone that changes the data settings reads the files.
-    let spec = EnvSpec::new(EnvConfig::Dataset(c.clone())).with_task_seed_origin(9);
+    let spec = EnvSpec::new(EnvConfig::Dataset(Box::new(c.clone()))).with_task_seed_origin(9);
     let mut env = make_env(&spec).unwrap();
     assert!(env.reset(9).await.is_ok());
     let mut changed = c.clone();

@@ -165,7 +165,7 @@ pub(crate) fn verl_task(file: &std::path::Path, extra: Value) -> DatasetTaskConf
     let EnvConfig::Dataset(c) = spec.env else {
         panic!("dataset")
     };
-    c
+    *c
 }
 
 #[test]
