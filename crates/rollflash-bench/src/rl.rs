@@ -38,6 +38,10 @@ use rollflash_run::stack::{self, Policy, Stack, StackHooks, WarmedUp, WrapEnv};
 use rollflash_trainer::learner::PolicyLearner;
 use rollflash_trainer::{AsyncController, RunReport, StopFlag};
 
+/// The SmolLM2 workload's model directory and data, relative to the working directory.
+const SMOLLM2_DIR: &str = "models/smollm2-hf";
+const CHAIN_SUM_TRAIN: &str = "data/reasoning_gym/chain_sum_train.jsonl";
+
 /// Why a benchmark could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -69,6 +73,15 @@ pub enum BenchError {
     Io(#[from] IoError),
     #[error(transparent)]
     Sandbox(#[from] rollflash_sandbox::SandboxError),
+    /// A workload's files are not where it reads them.
+    #[error(
+        "workload `{workload}` needs {path} (run from the repository root; make it with {how})"
+    )]
+    Missing {
+        workload: &'static str,
+        path: &'static str,
+        how: &'static str,
+    },
     #[error("unknown mode `{0}` (known: {known})", known = MODE_NAMES.join(", "))]
     UnknownMode(String),
 }
@@ -92,6 +105,11 @@ pub enum Workload {
     /// another turn, so executions (a fresh sandbox each) are a real part of a trajectory.
     /// Random weights: the whole response is the program, which rarely parses.
     Code,
+    /// A real model where training dominates: SmolLM2-135M-Instruct on reasoning-gym's
+    /// chain_sum, 4 prompts × 8 samples, 64 new tokens (issue 35's measurement). Reads
+    /// `models/smollm2-hf` and `data/reasoning_gym/` under the working directory, so it is
+    /// not part of `all`.
+    Smollm2,
 }
 
 impl Workload {
@@ -103,13 +121,24 @@ impl Workload {
         Workload::Code,
     ];
 
-    /// `rlvr`, `agentic`, `agentic-gen` or `code`.
+    /// Every workload a name selects: [`Workload::ALL`] and those needing files of the
+    /// user's (`smollm2`).
+    pub const KNOWN: [Workload; 5] = [
+        Workload::Rlvr,
+        Workload::Agentic,
+        Workload::AgenticGen,
+        Workload::Code,
+        Workload::Smollm2,
+    ];
+
+    /// `rlvr`, `agentic`, `agentic-gen`, `code` or `smollm2`.
     pub fn name(self) -> &'static str {
         match self {
             Workload::Rlvr => "rlvr",
             Workload::Agentic => "agentic",
             Workload::AgenticGen => "agentic-gen",
             Workload::Code => "code",
+            Workload::Smollm2 => "smollm2",
         }
     }
 
@@ -119,9 +148,31 @@ impl Workload {
     /// `code`: 32 HumanEval-shaped rows (a one-line function to complete, one `assert`),
     /// short enough that two attempts and the feedback between them fit the built-in
     /// model's 512 positions.
-    pub fn data(self, out: &Path) -> Result<Vec<String>, IoError> {
+    pub fn data(self, out: &Path) -> Result<Vec<String>, BenchError> {
         match self {
             Workload::Rlvr | Workload::Agentic | Workload::AgenticGen => Ok(Vec::new()),
+            Workload::Smollm2 => {
+                for (path, how) in [
+                    (
+                        SMOLLM2_DIR,
+                        "scripts/fetch_smollm2.sh, then rollflash convert-gguf \
+                         models/smollm2-135m-instruct.Q4_1.gguf models/smollm2-hf",
+                    ),
+                    (
+                        CHAIN_SUM_TRAIN,
+                        "scripts/make_reasoning_gym_data.sh data/reasoning_gym",
+                    ),
+                ] {
+                    if !Path::new(path).exists() {
+                        return Err(BenchError::Missing {
+                            workload: self.name(),
+                            path,
+                            how,
+                        });
+                    }
+                }
+                Ok(Vec::new())
+            }
             Workload::Code => {
                 std::fs::create_dir_all(out).map_err(IoError::at("cannot create", out))?;
                 let path = out.join("code_tasks.jsonl");
@@ -150,7 +201,7 @@ impl Workload {
         match s {
             "both" => Some(vec![Workload::Rlvr, Workload::Agentic]),
             "all" => Some(Workload::ALL.to_vec()),
-            _ => Workload::ALL
+            _ => Workload::KNOWN
                 .into_iter()
                 .find(|w| w.name() == s)
                 .map(|w| vec![w]),
@@ -254,6 +305,28 @@ impl Workload {
                 "buffer.group_size=4",
                 "train.steps=4",
             ],
+            // Issue 35's sizes: the model's own chat template, the verifier's last number,
+            // lr 2e-5; training is most of a step.
+            Workload::Smollm2 => &[
+                "model.path=\"models/smollm2-hf\"",
+                "env.name=\"dataset\"",
+                "env.files=[{ path = \"data/reasoning_gym/chain_sum_train.jsonl\" }]",
+                "env.prompt=\"question\"",
+                "env.answer=\"answer\"",
+                "env.id=\"id\"",
+                "env.template=\"{question}\"",
+                "env.extract=[\"boxed\", \"last_number\"]",
+                "warmup.steps=0",
+                "rollout.temperature=1.0",
+                "rollout.max_new_tokens=64",
+                "rollout.max_total_tokens=192",
+                "rollout.max_running_requests=16",
+                "buffer.groups_per_batch=4",
+                "buffer.group_size=8",
+                "train.lr=2e-5",
+                "train.micro_batch_size=8",
+                "train.steps=10",
+            ],
         };
         common
             .iter()
@@ -266,6 +339,7 @@ impl Workload {
     pub fn default_modes(self) -> &'static [&'static str] {
         match self {
             Workload::Rlvr => &["sync", "queue", "replicate", "alpha1", "alpha2", "all"],
+            Workload::Smollm2 => &["sync", "alpha1", "all"],
             Workload::Agentic | Workload::AgenticGen | Workload::Code => {
                 &["sync", "queue", "env-async", "redundant", "alpha1", "all"]
             }

@@ -13,8 +13,9 @@ pub struct BenchRlArgs {
     /// `rlvr` (long-tailed math, real engine and learner), `agentic` (multi-turn FrozenLake
     /// behind slow, failing environments), `agentic-gen` (the same game with long model
     /// turns and fast environments: generation-bound), `code` (the multi-turn coding
-    /// environment: each turn's program runs in the code sandbox), `both` (rlvr and agentic)
-    /// or `all`.
+    /// environment: each turn's program runs in the code sandbox), `smollm2` (SmolLM2-135M on
+    /// reasoning-gym chain_sum: training-bound; needs models/smollm2-hf and
+    /// data/reasoning_gym), `both` (rlvr and agentic) or `all` (every one but smollm2).
     #[arg(long, default_value = "both")]
     workload: String,
     /// Runs per mode; the table shows min / median / max (1 keeps the default run within
@@ -42,7 +43,7 @@ pub struct BenchRlArgs {
 pub fn run(a: BenchRlArgs) -> Result<()> {
     let Some(workloads) = Workload::parse_list(&a.workload) else {
         bail!(
-            "unknown workload `{}` (rlvr, agentic, agentic-gen, code, both, all)",
+            "unknown workload `{}` (rlvr, agentic, agentic-gen, code, smollm2, both, all)",
             a.workload
         );
     };

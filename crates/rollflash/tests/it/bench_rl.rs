@@ -26,6 +26,21 @@ fn workload_names_parse_once() {
     );
     assert_eq!(Workload::parse_list("all"), Some(Workload::ALL.to_vec()));
     assert_eq!(Workload::parse_list("agentic_gen"), None);
+    // The real-model workload is named, not in `all`: it reads the user's model and data,
+    // and says how to make them where they are missing (tests run in the crate's folder).
+    assert_eq!(
+        Workload::parse_list("smollm2"),
+        Some(vec![Workload::Smollm2])
+    );
+    assert!(!Workload::ALL.contains(&Workload::Smollm2));
+    let e = Workload::Smollm2
+        .data(std::path::Path::new("."))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("models/smollm2-hf") && e.contains("scripts/fetch_smollm2.sh"),
+        "{e}"
+    );
     // Each workload's settings, with its data, load as a `rollflash train` config.
     let dir = tempfile::tempdir().unwrap();
     for w in Workload::ALL {
