@@ -419,6 +419,9 @@ async fn run_local(
         bwrap: inner.config.bwrap.clone(),
         source,
     })?;
+    // Declared after `child`, so dropped before it: a cancelled execution kills the init
+    // first, then `kill_on_drop` our `bwrap`.
+    let mut guard = InitGuard { bwrap: child.id() };
     let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     let cap = inner.limits.output_bytes;
     let mut out = Vec::new();
@@ -440,6 +443,7 @@ async fn run_local(
                 Ok(Ok(status)) => Ended::Exited(exit_code(status)),
                 Ok(Err(e)) => {
                     kill(&mut child).await?;
+                    guard.bwrap = None;
                     return Err(SandboxError::Io(e));
                 }
                 Err(_) => Ended::Killed(Verdict::Timeout),
@@ -448,6 +452,7 @@ async fn run_local(
         Ok(Err(Stop::Overflow)) => Ended::Killed(Verdict::OutputLimit),
         Ok(Err(Stop::Io(e))) => {
             kill(&mut child).await?;
+            guard.bwrap = None;
             return Err(SandboxError::Io(e));
         }
         Err(_) => Ended::Killed(Verdict::Timeout),
@@ -455,6 +460,8 @@ async fn run_local(
     if let Ended::Killed(_) = ended {
         kill(&mut child).await?;
     }
+    // Reaped: its pid may be reused from here on, so nothing may be killed by it.
+    guard.bwrap = None;
     let wall_time = start.elapsed();
     drop(dir);
     let stdout = String::from_utf8_lossy(&out).into_owned();
@@ -479,6 +486,25 @@ async fn run_local(
         exit_code,
         wall: wall_time,
     })
+}
+
+/// Kills the namespace's init when an execution is dropped before its end (a cancelled
+/// trajectory), before `kill_on_drop` takes our `bwrap`. Killing `bwrap` alone leaves the init
+/// to its parent-death signal, which an init caught between its creation and setting that
+/// signal never receives: such inits were found left behind, sleeping, one per run that ended
+/// with executions in flight. Holds our `bwrap`'s pid only until it is reaped.
+struct InitGuard {
+    bwrap: Option<u32>,
+}
+
+impl Drop for InitGuard {
+    fn drop(&mut self) {
+        if let Some(pid) = self.bwrap.take() {
+            for init in children_of(pid) {
+                let _ = rustix::process::kill_process(init, rustix::process::Signal::KILL);
+            }
+        }
+    }
 }
 
 /// Kills the sandbox and reaps it, within [`KILL_GRACE`]; when this returns, no process of

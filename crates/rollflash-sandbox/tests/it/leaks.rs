@@ -78,3 +78,37 @@ async fn a_thousand_executions_leave_the_machine_as_found() {
     assert_eq!(scratch_entries(&scratch), files, "scratch directories");
     std::fs::remove_dir_all(&scratch).unwrap();
 }
+
+/// Executions dropped mid-flight (a trajectory aborted at the end of a run), at moments from
+/// before the sandbox is set up to while the program runs, leave no process of theirs: the
+/// namespace's init is killed with our `bwrap` (found before: sleeping inits left behind).
+#[tokio::test]
+async fn cancelled_executions_leave_no_process() {
+    let _g = EXCLUSIVE.write().await;
+    let Some(sb) = sandbox_with(test_config()).await else {
+        return;
+    };
+    let marker = crate::marker("cancelled");
+    for i in 0..40u64 {
+        let program =
+            Program::python("import time\ntime.sleep(30)").with_args(vec![marker.clone()]);
+        let sb = sb.clone();
+        let task = tokio::spawn(async move { sb.run(&program).await });
+        // 0 to 39 ms: before, during and after the sandbox's set-up.
+        tokio::time::sleep(std::time::Duration::from_millis(i)).await;
+        task.abort();
+        let _ = task.await;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let left = crate::processes_with(&marker);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "processes left by cancelled executions: {left:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
