@@ -564,6 +564,15 @@ impl ProxyHandle {
         rx.await.map_err(|_| ProxyError::Shutdown)
     }
 
+    /// Replaces the latest published weights with the same version found elsewhere (a
+    /// remote trainer that lost its model rebuilt it and saved its weights again, under a
+    /// new path): what a backend's catch-up loads from now on. Nothing is paused and no
+    /// backend is sent anything: those in rotation already hold these weights, and those
+    /// out of rotation (which could not load the lost copy) get them from their probe.
+    pub fn republish_weights(&self, update: &WeightUpdate) {
+        self.weights.publish(update);
+    }
+
     /// Publishes new weights: pause (in `mode`), update every backend (each within
     /// [`ProxyConfig::update_timeout`]), resume. A backend whose update fails or runs past
     /// its deadline leaves rotation (it does not serve stale weights): it is probed

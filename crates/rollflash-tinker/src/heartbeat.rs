@@ -5,6 +5,8 @@
 //! logged and counted, not fatal: the next one may succeed, and a server that is really gone
 //! shows up in the training calls themselves.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -26,12 +28,17 @@ pub struct HeartbeatReport {
 pub struct Heartbeat {
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<HeartbeatReport>>,
+    /// Beats failed so far, readable while the task runs: a failure means the server was
+    /// unreachable for a while, perhaps restarted (see [`Heartbeat::failures`]).
+    failed: Arc<AtomicU64>,
 }
 
 impl Heartbeat {
     /// Beats for `session_id` every `interval`, the first after one interval.
     pub fn spawn(client: TinkerClient, session_id: String, interval: Duration) -> Heartbeat {
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
+        let failed = Arc::new(AtomicU64::new(0));
+        let failures = Arc::clone(&failed);
         let task = tokio::spawn(async move {
             let mut report = HeartbeatReport::default();
             let mut ticker =
@@ -45,6 +52,7 @@ impl Heartbeat {
                             Ok(()) => report.sent += 1,
                             Err(e) => {
                                 report.failed += 1;
+                                failures.fetch_add(1, Ordering::SeqCst);
                                 tracing::warn!(session_id, error = %e, "Tinker session heartbeat failed");
                                 report.last_error = Some(e.to_string());
                             }
@@ -57,7 +65,13 @@ impl Heartbeat {
         Heartbeat {
             stop: Some(stop_tx),
             task: Some(task),
+            failed,
         }
+    }
+
+    /// How many beats have failed so far (the report's `failed`, while the task runs).
+    pub fn failures(&self) -> u64 {
+        self.failed.load(Ordering::SeqCst)
     }
 
     /// Stops the task and returns what it did.

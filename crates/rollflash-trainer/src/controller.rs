@@ -52,6 +52,23 @@ pub trait Learner: Send + 'static {
         &mut self,
         batch: &Batch<Trajectory>,
     ) -> Result<(WeightUpdate, StepStats), LearnerError>;
+
+    /// How often the controller lets the learner look after its trainer while it waits for
+    /// a batch ([`Learner::idle`]); `None` (the default): never.
+    fn idle_every(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Called every [`Learner::idle_every`] while the learner waits for a batch (on a
+    /// blocking thread; a batch that becomes ready meanwhile waits for it). A learner whose
+    /// trainer lives elsewhere checks it here: one whose server lost the model (restarted)
+    /// rebuilds it from its saved state and returns the weights of the version it last
+    /// published, now found elsewhere, for the controller to give the fleet in place of
+    /// the lost ones. It must be the same version; the controller checks. An error stops
+    /// the run as a failed step does.
+    fn idle(&mut self) -> Result<Option<WeightUpdate>, LearnerError> {
+        Ok(None)
+    }
 }
 
 /// A training step failed.
@@ -699,6 +716,14 @@ struct Driver<'s, L: Learner> {
     last_report: Duration,
     /// When the running step started (Unix ms), for its timeline bar.
     train_started: u64,
+    /// The learner looking after its trainer while it waits for a batch ([`Learner::idle`]).
+    idle: Option<tokio::task::JoinHandle<IdleDone<L>>>,
+    /// A batch that became ready while the learner was in [`Learner::idle`]: it trains as
+    /// soon as the learner is back.
+    deferred: Option<Batch<Trajectory>>,
+    /// When the learner last came back (from a step or an idle call): its next idle call is
+    /// an interval after.
+    idle_from: Instant,
 }
 
 impl<'s, L: Learner> Driver<'s, L> {
@@ -725,6 +750,9 @@ impl<'s, L: Learner> Driver<'s, L> {
             stall_reports: Vec::new(),
             last_report: Duration::ZERO,
             train_started: 0,
+            idle: None,
+            deferred: None,
+            idle_from: start,
         })
     }
 
@@ -756,6 +784,7 @@ impl<'s, L: Learner> Driver<'s, L> {
             // Nothing to wait for and no end: say so rather than wait forever.
             if self.groups.is_empty()
                 && self.training.is_none()
+                && self.idle.is_none()
                 && self.core.serve_deadline().is_none()
             {
                 let b = self.core.buffer();
@@ -808,6 +837,10 @@ impl<'s, L: Learner> Driver<'s, L> {
 
     fn start_training(&mut self, batch: Batch<Trajectory>) -> Flow {
         let Some(mut learner) = self.ctl.learner.take() else {
+            if self.idle.is_some() {
+                self.deferred = Some(batch);
+                return Flow::Continue;
+            }
             return Flow::End;
         };
         if let Some(tl) = &self.ctl.timeline {
@@ -925,6 +958,7 @@ impl<'s, L: Learner> Driver<'s, L> {
                 .max(self.last_report);
             start.checked_add(quiet_from + every)
         });
+        let idle_at = self.idle_due();
         Ok(tokio::select! {
             _ = self.stop.stopped(), if !self.core.stopping() => CoreEvent::Stop,
             Some(done) = self.groups.join_next(), if !self.groups.is_empty() => match done {
@@ -940,6 +974,15 @@ impl<'s, L: Learner> Driver<'s, L> {
                 self.training = None;
                 let done = done.map_err(|e| ControllerError::Panicked(e.to_string()))?;
                 self.trained_step(done)?
+            }
+            done = join_training(&mut self.idle), if self.idle.is_some() => {
+                self.idle = None;
+                let done = done.map_err(|e| ControllerError::Panicked(e.to_string()))?;
+                self.idled(done)?
+            }
+            _ = sleep_until(idle_at), if idle_at.is_some() => {
+                self.start_idle();
+                CoreEvent::Tick
             }
             changed = self.fleet.changed(), if self.fleet_open => match changed {
                 Ok(()) if *self.fleet.borrow_and_update() => CoreEvent::Serving,
@@ -967,6 +1010,54 @@ impl<'s, L: Learner> Driver<'s, L> {
         })
     }
 
+    /// When the learner's next [`Learner::idle`] call is due: only while it is home with
+    /// nothing trained waiting for its sync, and only for a learner that asks for them.
+    fn idle_due(&self) -> Option<Instant> {
+        if self.training.is_some() || self.trained.is_some() || self.core.stopping() {
+            return None;
+        }
+        let every = self.ctl.learner.as_deref()?.idle_every()?;
+        self.idle_from.checked_add(every)
+    }
+
+    /// Hands the learner to a blocking thread for its [`Learner::idle`] call.
+    fn start_idle(&mut self) {
+        let Some(mut learner) = self.ctl.learner.take() else {
+            return;
+        };
+        self.idle = Some(tokio::task::spawn_blocking(move || {
+            let out = learner.idle();
+            IdleDone { learner, out }
+        }));
+    }
+
+    /// The learner is back from [`Learner::idle`]: weights it rebuilt (the same version,
+    /// elsewhere) replace the lost ones for the fleet's catch-ups; a batch that became ready
+    /// meanwhile starts training; its error stops the run.
+    fn idled(&mut self, done: IdleDone<L>) -> Result<CoreEvent<Trajectory>, ControllerError> {
+        self.ctl.learner = Some(done.learner);
+        self.idle_from = Instant::now();
+        if let Some(update) = done.out? {
+            let expected = self.core.cursor().version;
+            if update.version() != expected {
+                return Err(ControllerError::VersionMismatch {
+                    expected,
+                    learner: update.version(),
+                });
+            }
+            tracing::warn!(
+                version = %expected,
+                "the learner rebuilt its weights on its trainer: backends catch up to them"
+            );
+            self.ctl.proxy.republish_weights(&update);
+        }
+        if let Some(batch) = self.deferred.take() {
+            // The learner is home: this starts the step.
+            let _ = self.start_training(batch);
+        }
+        Ok(CoreEvent::Tick)
+    }
+
     /// The training step ended: the learner comes back, the trainer's timeline bar is
     /// recorded, and the step waits for its sync (or the run stops with the learner's error).
     fn trained_step(
@@ -974,6 +1065,7 @@ impl<'s, L: Learner> Driver<'s, L> {
         done: TrainDone<L>,
     ) -> Result<CoreEvent<Trajectory>, ControllerError> {
         self.ctl.learner = Some(done.learner);
+        self.idle_from = Instant::now();
         if let Some(tl) = &self.ctl.timeline {
             let tokens = done
                 .batch
@@ -1035,6 +1127,12 @@ impl<'s, L: Learner> Driver<'s, L> {
                 self.ctl.learner = Some(d.learner);
             }
         }
+        // A batch deferred for an idle call is dropped untrained, as a step cut short is.
+        if let Some(h) = self.idle.take() {
+            if let Ok(d) = h.await {
+                self.ctl.learner = Some(d.learner);
+            }
+        }
         self.groups.abort_all();
         while let Some(done) = self.groups.join_next().await {
             let ev = match done {
@@ -1081,6 +1179,11 @@ async fn join_training<T>(
         Some(h) => h.await,
         None => std::future::pending().await,
     }
+}
+
+struct IdleDone<L> {
+    learner: Box<L>,
+    out: Result<Option<WeightUpdate>, LearnerError>,
 }
 
 struct TrainDone<L> {

@@ -228,6 +228,14 @@ pub struct TinkerLearner {
     rejoin_state: Option<String>,
     /// Times the learner rejoined a server that had lost its model.
     rejoins: usize,
+    /// The version whose sampler weights it saved last (`None`: none yet; samplers are on
+    /// the base model, which a restarted server still has).
+    published: Option<PolicyVersion>,
+    /// With `rejoin`: the server failed to answer an idle check or a heartbeat since the
+    /// model was (re)built, so it may have restarted and lost the model.
+    unreachable: bool,
+    /// The heartbeat's failures already seen by an idle check.
+    beats_failed: u64,
 }
 
 impl std::fmt::Debug for TinkerLearner {
@@ -266,6 +274,7 @@ impl TinkerLearner {
     ) -> Result<(TinkerLearner, WeightUpdate), LearnerError> {
         let mut l = Self::open(cfg, Some(state_path)).await?;
         l.steps = steps;
+        l.published = Some(version);
         if let Some(r) = running {
             r.validate()
                 .map_err(|e| LearnerError::other(e.to_string()))?;
@@ -339,6 +348,9 @@ impl TinkerLearner {
             heartbeat: Some(heartbeat),
             rejoin_state: state.map(str::to_string),
             rejoins: 0,
+            published: None,
+            unreachable: false,
+            beats_failed: 0,
             cfg,
         };
         if l.cfg.rejoin.is_some() && l.rejoin_state.is_none() {
@@ -377,12 +389,12 @@ impl TinkerLearner {
         }
         let url = self.cfg.client.base_url.clone();
         let deadline = tokio::time::Instant::now() + limit;
-        tracing::warn!(server = %url, error = %rollflash_core::error_chain(&cause), "training step failed; waiting for the server to rejoin it");
+        tracing::warn!(server = %url, error = %rollflash_core::error_chain(&cause), "the Tinker server may have lost the model; waiting for it to rejoin it");
         while self.client.healthz().await.is_err() {
             if tokio::time::Instant::now() >= deadline {
                 return Err(LearnerError::other(format!(
                     "the Tinker server {url} did not come back within {:.0} s \
-                     (learner.rejoin_secs) after the step failed: {cause}",
+                     (learner.rejoin_secs): {cause}",
                     limit.as_secs_f64()
                 )));
             }
@@ -436,7 +448,54 @@ impl TinkerLearner {
         self.model_id = model.model_id;
         self.seq = 0;
         self.rejoins += 1;
+        self.unreachable = false;
+        self.beats_failed = 0;
         Ok(())
+    }
+
+    /// While the controller waits for a batch: a server that could not be reached (by this
+    /// check or a heartbeat) since the model was built may have restarted and lost the
+    /// model, which its samplers then cannot load either, so nothing would ever train
+    /// again. Once it answers, the learner rejoins it ([`Self::rejoin`]) and saves the
+    /// last published version's sampler weights again, for the fleet to catch up to. A
+    /// server that was only briefly out of reach costs one `load_state` of the same state.
+    async fn look_after(&mut self) -> Result<Option<WeightUpdate>, LearnerError> {
+        if self.cfg.rejoin.is_none() {
+            return Ok(None);
+        }
+        let beats = self.heartbeat.as_ref().map_or(0, Heartbeat::failures);
+        if beats > self.beats_failed {
+            self.beats_failed = beats;
+            self.unreachable = true;
+        }
+        let up = matches!(
+            tokio::time::timeout(IDLE_CHECK_DEADLINE, self.client.healthz()).await,
+            Ok(Ok(_))
+        );
+        if !up {
+            if !self.unreachable {
+                tracing::warn!(server = %self.cfg.client.base_url, "the Tinker server does not answer while the learner waits for a batch");
+            }
+            self.unreachable = true;
+            return Ok(None);
+        }
+        if !self.unreachable {
+            return Ok(None);
+        }
+        let cause = LearnerError::other(format!(
+            "the Tinker server {} was out of reach while the learner waited for a batch",
+            self.cfg.client.base_url
+        ));
+        self.rejoin(cause).await?;
+        let Some(version) = self.published else {
+            return Ok(None);
+        };
+        let uri = self
+            .client
+            .save_weights_for_sampler(&self.model_id, &sampler_name(version))
+            .await
+            .map_err(remote)?;
+        Ok(Some(WeightUpdate::Remote { uri, version }))
     }
 
     /// The loss path the steps take.
@@ -646,6 +705,7 @@ impl TinkerLearner {
             self.rejoin_state = Some(self.save_rejoin_state(&name).await?);
         }
         self.steps += 1;
+        self.published = Some(version);
         self.running = advs.running;
         metrics.push(("behav_kl".to_string(), behav_kl));
         if let Some(g) = opt
@@ -692,6 +752,10 @@ fn protocol_metrics(step: Duration, t: &rollflash_tinker::Traffic) -> Vec<(Strin
 
 /// How long a rejoin waits for the old model's unload.
 const UNLOAD_WAIT: Duration = Duration::from_secs(30);
+/// How often a learner set to rejoin checks its server while it waits for a batch.
+const IDLE_CHECK_EVERY: Duration = Duration::from_secs(2);
+/// How long one idle check waits for the server's `healthz`.
+const IDLE_CHECK_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The name a version's sampler weights are saved under.
 fn sampler_name(version: PolicyVersion) -> String {
@@ -713,6 +777,15 @@ impl Learner for TinkerLearner {
                 out => out,
             }
         })
+    }
+
+    fn idle_every(&self) -> Option<Duration> {
+        self.cfg.rejoin.map(|_| IDLE_CHECK_EVERY)
+    }
+
+    fn idle(&mut self) -> Result<Option<WeightUpdate>, LearnerError> {
+        let rt = self.rt.clone();
+        rt.block_on(self.look_after())
     }
 }
 

@@ -804,3 +804,291 @@ async fn a_learner_reporting_another_version_fails_the_run() {
     assert!(m.backends.iter().all(|(_, _, up)| *up));
     proxy.shutdown().await.unwrap();
 }
+
+/// A server that keeps trained weights in memory (as SkyRL does) over an instant backend:
+/// [`Forgetful::restart`] loses every copy saved so far, after which the weights it was
+/// serving, and any update to a lost copy, fail until it is given a copy saved after the
+/// restart.
+struct Forgetful {
+    inner: InstantBackend,
+    state: std::sync::Mutex<ForgetfulState>,
+}
+
+#[derive(Default)]
+struct ForgetfulState {
+    /// Copies the server has lost (update paths).
+    lost: Vec<String>,
+    /// Copies loaded, in order.
+    loaded: Vec<String>,
+    /// Whether the copy it samples from was lost.
+    broken: bool,
+}
+
+impl Forgetful {
+    fn restart(&self) {
+        let mut s = self.state.lock().unwrap();
+        let lost = s.loaded.clone();
+        s.lost.extend(lost);
+        s.broken = true;
+    }
+
+    fn check(&self) -> Result<(), rollflash_rollout::BackendError> {
+        if self.state.lock().unwrap().broken {
+            return Err(rollflash_rollout::BackendError::Unavailable {
+                backend: "forgetful".into(),
+                reason: "model not loaded".into(),
+                source: None,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Backend for Forgetful {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn generate(
+        &self,
+        req: rollflash_core::GenRequest,
+    ) -> Result<rollflash_core::GenOutput, rollflash_rollout::BackendError> {
+        self.check()?;
+        let out = self.inner.generate(req).await;
+        // A restart fails what was in flight too.
+        self.check()?;
+        out
+    }
+    async fn abort(
+        &self,
+        id: rollflash_core::RequestId,
+    ) -> Result<(), rollflash_rollout::BackendError> {
+        self.inner.abort(id).await
+    }
+    async fn pause(&self, mode: PauseMode) -> Result<(), rollflash_rollout::BackendError> {
+        self.inner.pause(mode).await
+    }
+    async fn resume(&self) -> Result<(), rollflash_rollout::BackendError> {
+        self.inner.resume().await
+    }
+    async fn update_weights(
+        &self,
+        update: &WeightUpdate,
+    ) -> Result<(), rollflash_rollout::BackendError> {
+        let WeightUpdate::Disk { path, .. } = update else {
+            panic!("{update:?}");
+        };
+        let path = path.display().to_string();
+        if self.state.lock().unwrap().lost.contains(&path) {
+            return Err(rollflash_rollout::BackendError::Unavailable {
+                backend: "forgetful".into(),
+                reason: format!("{path}: model not loaded"),
+                source: None,
+            });
+        }
+        self.inner.update_weights(update).await?;
+        let mut s = self.state.lock().unwrap();
+        s.loaded.push(path);
+        s.broken = false;
+        Ok(())
+    }
+    async fn load(
+        &self,
+    ) -> Result<rollflash_rollout::BackendLoad, rollflash_rollout::BackendError> {
+        self.inner.load().await
+    }
+    async fn health(&self) -> Result<(), rollflash_rollout::BackendError> {
+        self.inner.health().await
+    }
+}
+
+/// A learner whose trainer is the [`Forgetful`] server: it saves each version as
+/// `gen-version`; in its idle calls it restarts the server once, after `restart_after` is
+/// published, and on the next call notices, rebuilds (a new `gen`) and hands back the last
+/// version's weights again — under `version + lie`.
+struct RemoteLike {
+    server: Arc<Forgetful>,
+    restart_after: PolicyVersion,
+    published: PolicyVersion,
+    generation: usize,
+    restarted: bool,
+    rebuilt: Arc<AtomicUsize>,
+    lie: u64,
+}
+
+impl RemoteLike {
+    fn update(&self, version: PolicyVersion) -> WeightUpdate {
+        WeightUpdate::Disk {
+            path: format!("{}-v{}", self.generation, version.0).into(),
+            version,
+        }
+    }
+}
+
+impl Learner for RemoteLike {
+    fn train(
+        &mut self,
+        batch: &Batch<Trajectory>,
+    ) -> Result<(WeightUpdate, StepStats), LearnerError> {
+        assert!(
+            !self.restarted || self.generation > 0,
+            "trained on a lost model"
+        );
+        self.published = batch.version.next();
+        Ok((self.update(self.published), StepStats::default()))
+    }
+
+    fn idle_every(&self) -> Option<Duration> {
+        Some(Duration::from_millis(2))
+    }
+
+    fn idle(&mut self) -> Result<Option<WeightUpdate>, LearnerError> {
+        if self.published < self.restart_after || self.generation > 0 {
+            return Ok(None);
+        }
+        if !self.restarted {
+            self.server.restart();
+            self.restarted = true;
+            return Ok(None);
+        }
+        self.generation += 1;
+        self.rebuilt.fetch_add(1, Ordering::SeqCst);
+        let mut u = self.update(self.published);
+        if let WeightUpdate::Disk { version, .. } = &mut u {
+            version.0 += self.lie;
+        }
+        Ok(Some(u))
+    }
+}
+
+async fn run_forgetful(
+    lie: u64,
+) -> (
+    Result<rollflash_trainer::RunReport, rollflash_trainer::ControllerError>,
+    Arc<Forgetful>,
+    usize,
+) {
+    let server = Arc::new(Forgetful {
+        inner: InstantBackend::with_delay("forgetful", Duration::from_millis(5)),
+        state: Default::default(),
+    });
+    let proxy = LlmProxy::start(
+        vec![BackendEntry {
+            backend: Arc::clone(&server) as Arc<dyn Backend>,
+            route: rollflash_rollout::WeightRoute::Direct,
+            max_running_requests: 16,
+            update_timeout: None,
+        }],
+        Box::new(LeastLoaded),
+        ProxyConfig::default(),
+    );
+    let r = rollout(Vec::new());
+    let envs = EnvManager::new(
+        proxy.handle(),
+        Arc::new(Tokenizer::builtin()),
+        Renderer::Plain {
+            separator: "\n".into(),
+        },
+        EnvManagerConfig {
+            max_turns: 1,
+            max_total_tokens: 64,
+            sampling: SamplingParams {
+                max_new_tokens: 7,
+                ..Default::default()
+            },
+            step_timeout: Duration::from_secs(10),
+        },
+        r.version.subscribe(),
+    );
+    let rebuilt = Arc::new(AtomicUsize::new(0));
+    let learner = RemoteLike {
+        server: Arc::clone(&server),
+        restart_after: PolicyVersion(2),
+        published: PolicyVersion(0),
+        generation: 0,
+        restarted: false,
+        rebuilt: Arc::clone(&rebuilt),
+        lie,
+    };
+    let ctl = AsyncController::new(
+        ControllerConfig {
+            core: CoreConfig {
+                // The synchronous baseline: nothing sampled before the restart can make
+                // the next batch, so only the rebuilt weights let the run go on.
+                buffer: BufferConfig {
+                    groups_per_batch: 2,
+                    group_size: 2,
+                    alpha: 0.0,
+                    barrier: true,
+                    ..Default::default()
+                },
+                steps: 5,
+                seed: 1,
+                serve_timeout: Duration::from_secs(60),
+                ..ControllerConfig::default().core
+            },
+            ..Default::default()
+        },
+        proxy.handle(),
+        envs,
+        Arc::clone(&r.make_env),
+        r.version,
+        learner,
+    )
+    .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(24 * 3600), ctl.run())
+        .await
+        .expect("the run waited forever");
+    proxy.shutdown().await.unwrap();
+    r.proxy.shutdown().await.unwrap();
+    (out, server, rebuilt.load(Ordering::SeqCst))
+}
+
+/// A remote trainer's server restarts while the learner waits for a batch: it loses the
+/// trained weights, so its samplers can serve nothing and no batch would ever come. The
+/// learner's idle call notices, rebuilds and hands back the same version's weights saved
+/// again; the controller gives them to the fleet's catch-up (no sync, no new version), the
+/// backend rejoins, and the run finishes every step with every sample counted.
+#[tokio::test(start_paused = true)]
+async fn a_learner_that_rebuilds_its_weights_while_idle_brings_the_fleet_back() {
+    let (out, server, rebuilt) = run_forgetful(0).await;
+    let report = out.unwrap();
+    assert_eq!(report.end, RunEnd::Completed);
+    assert_eq!(report.steps.len(), 5);
+    assert_eq!(rebuilt, 1);
+    let loaded = server.state.lock().unwrap().loaded.clone();
+    assert!(
+        loaded.contains(&"1-v2".to_string()),
+        "the backend caught up to the rebuilt copy: {loaded:?}"
+    );
+    assert_eq!(
+        loaded.last().map(String::as_str),
+        Some("1-v5"),
+        "{loaded:?}"
+    );
+    assert_eq!(server.inner.version(), PolicyVersion(5));
+    let a = report.accounting;
+    assert!(a.balanced() && a.running == 0 && a.buffered == 0, "{a:?}");
+}
+
+/// The version an idle call hands back is checked like a step's: another one stops the run.
+#[tokio::test(start_paused = true)]
+async fn an_idle_rebuild_under_another_version_fails_the_run() {
+    let (out, server, _) = run_forgetful(1).await;
+    match out {
+        Err(rollflash_trainer::ControllerError::VersionMismatch { expected, learner }) => {
+            assert_eq!((expected, learner), (PolicyVersion(2), PolicyVersion(3)));
+        }
+        other => panic!("expected a version mismatch, got {other:?}"),
+    }
+    assert!(
+        !server
+            .state
+            .lock()
+            .unwrap()
+            .loaded
+            .iter()
+            .any(|p| p.starts_with("1-")),
+        "the lying copy reached no backend"
+    );
+}

@@ -6,7 +6,8 @@
 //! same start). And a learner set to rejoin
 //! survives its server's `kill -9` and restart in the middle of a step: it waits, loads the
 //! state it saved after the last step into a fresh model, and computes exactly the step an
-//! uninterrupted learner computes.
+//! uninterrupted learner computes; and one killed and restarted while the learner waits for a
+//! batch rejoins it in its idle checks and hands back the last step's weights, saved again.
 
 use std::time::Duration;
 
@@ -278,5 +279,85 @@ async fn the_tinker_learner_on_a_real_server() {
     let (g, gq) = (metric(&r2, "grad_norm"), metric(&q2, "grad_norm"));
     assert!((g - gq).abs() <= 1e-3 * gq, "grad norm {g} vs {gq}");
     r.close().await.unwrap();
+
+    // Rejoining while idle: one step, then the server killed and restarted while the
+    // learner waits for a batch. Its idle check sees the server gone; once it is back the
+    // learner rejoins it and saves the step's sampler weights again, under the same
+    // version, and they sample; the next step is the uninterrupted learner's.
+    let mut server = server;
+    let mut cfg = config(&server, builtin_loss(), false);
+    cfg.rejoin = Some(Duration::from_secs(600));
+    let s = TinkerLearner::connect(cfg).await.unwrap();
+    assert!(
+        s.idle_every().is_some(),
+        "a learner set to rejoin checks while idle"
+    );
+    let (s, _) = one_step(s, b.clone()).await;
+    let old_model = s.model_id().to_string();
+    let (s, u) = idle(s).await;
+    assert!(u.is_none(), "nothing to do while the server is up: {u:?}");
+    tokio::task::block_in_place(|| server.kill9()).unwrap();
+    let (s, u) = idle(s).await;
+    assert!(u.is_none(), "the server is down: {u:?}");
+    assert_eq!(s.rejoins(), 0);
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart().unwrap();
+        server
+    })
+    .await
+    .unwrap();
+    let (s, u) = idle(s).await;
+    assert_eq!(s.rejoins(), 1);
+    assert_ne!(s.model_id(), old_model);
+    let Some(rollflash_rollout::WeightUpdate::Remote { uri, version }) = u else {
+        panic!("the rejoined learner must hand back the step's weights: {u:?}");
+    };
+    assert_eq!(version, PolicyVersion(1));
+    assert!(uri.contains(s.model_id()), "{uri}");
+    let c = rollflash_tinker::TinkerClient::new(ClientConfig::new(server.url())).unwrap();
+    let session = c.create_session(vec!["idle-it".into()]).await.unwrap();
+    let sampler = c
+        .create_sampling_session(
+            &session,
+            0,
+            rollflash_tinker::client::SamplerSource::ModelPath(&uri),
+        )
+        .await
+        .unwrap();
+    let params = rollflash_tinker::SamplingParams {
+        max_tokens: 2,
+        seed: Some(0),
+        stop: Vec::new(),
+        temperature: 0.0,
+        top_k: -1,
+        top_p: 1.0,
+    };
+    let out = c
+        .sample(&sampler, 1, &[3, 7, 11], 1, params, false)
+        .await
+        .unwrap();
+    assert_eq!(out.sequences[0].tokens.len(), 2, "{:?}", out.sequences);
+    let (s, s2) = one_step(s, b2.clone()).await;
+    eprintln!(
+        "after an idle rejoin: loss {} (uninterrupted {}), grad norm {} (uninterrupted {})",
+        s2.loss,
+        q2.loss,
+        metric(&s2, "grad_norm"),
+        metric(&q2, "grad_norm")
+    );
+    assert!((s2.loss - q2.loss).abs() <= 1e-5 * (1.0 + q2.loss.abs()));
+    let (g, gq) = (metric(&s2, "grad_norm"), metric(&q2, "grad_norm"));
+    assert!((g - gq).abs() <= 1e-3 * gq, "grad norm {g} vs {gq}");
+    s.close().await.unwrap();
     drop(server);
+}
+
+/// One idle call on a blocking thread.
+async fn idle(mut l: TinkerLearner) -> (TinkerLearner, Option<rollflash_rollout::WeightUpdate>) {
+    tokio::task::spawn_blocking(move || {
+        let u = l.idle().unwrap();
+        (l, u)
+    })
+    .await
+    .unwrap()
 }

@@ -8,7 +8,8 @@
 //! of its process group) in the middle of a second run: the run stops within its deadlines,
 //! naming its newest checkpoint (the server's saved state recorded in ours); the server is
 //! restarted and `--resume` continues the run through `load_state` to its last step, every
-//! sample accounted for.
+//! sample accounted for. And with `learner.rejoin_secs` the same kill, the server restarted
+//! 2 s later, does not stop the run: it rejoins the server and finishes every step once.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -222,4 +223,77 @@ fn train_through_a_real_tinker_server_raises_the_reward() {
     )
     .unwrap();
     assert_eq!(final_state["optimizer_steps"], 6);
+
+    // Rejoined instead of stopped: with `learner.rejoin_secs` the same kill at the first
+    // checkpoint (the synchronous baseline, so the learner is most likely waiting for its
+    // next batch then, which only the server's lost samplers could give it), the server
+    // restarted 2 s later: the run rejoins the server by itself and finishes every step once.
+    let rejoin = dir.path().join("rejoin");
+    let settings = [
+        "train.steps=6".to_string(),
+        "train.eval_problems=0".into(),
+        "checkpoint.every=2".into(),
+        "controller.sync=true".into(),
+        "learner.rejoin_secs=600".into(),
+        "controller.progress_timeout_secs=600".into(),
+        "controller.serve_timeout_secs=600".into(),
+    ];
+    let (log_out, log_err) = (dir.path().join("rejoin.out"), dir.path().join("rejoin.err"));
+    let mut child = tinker_train(&url, &rejoin, &settings)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::from(std::fs::File::create(&log_out).unwrap()))
+        .stderr(Stdio::from(std::fs::File::create(&log_err).unwrap()))
+        .spawn()
+        .unwrap();
+    let first = rejoin.join("checkpoints").join("step-00000002");
+    let reached = wait_for(Duration::from_secs(600), || {
+        first.join("checksums.json").exists() || child.try_wait().unwrap().is_some()
+    });
+    assert!(
+        reached && child.try_wait().unwrap().is_none(),
+        "the run should be at its first checkpoint and still running: {}\n{}",
+        std::fs::read_to_string(&log_out).unwrap_or_default(),
+        std::fs::read_to_string(&log_err).unwrap_or_default()
+    );
+    server.kill9().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    server.restart().unwrap();
+    let mut status = None;
+    let finished = wait_for(Duration::from_secs(900), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    if !finished {
+        let _ = child.kill();
+    }
+    let err = std::fs::read_to_string(&log_err).unwrap();
+    assert!(
+        finished && status.unwrap().success(),
+        "the run must rejoin its restarted server and finish: {}\n{err}\nserver log:\n{}",
+        std::fs::read_to_string(&log_out).unwrap_or_default(),
+        server.log_tail(40)
+    );
+    assert!(err.contains("rejoined the Tinker server"), "{err}");
+    eprintln!(
+        "rejoined {}",
+        if err.contains("rebuilt its weights") {
+            "while the learner waited for a batch"
+        } else {
+            "in the middle of a step"
+        }
+    );
+    let metrics = std::fs::read_to_string(rejoin.join("metrics.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 6, "every step once: {metrics}");
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r["step"].as_u64(), Some(i as u64), "{r}");
+        assert_balanced(r, "a step of the rejoined Tinker run");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(rejoin.join("summary.json")).unwrap())
+            .unwrap();
+    assert_balanced(&summary["accounting"], "the rejoined Tinker run's summary");
 }
