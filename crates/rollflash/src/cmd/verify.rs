@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use rollflash_env::envs::dataset_task::AnswerRule;
+use rollflash_env::verify::math::Rule;
 use rollflash_env::verify::{cases, MathVerifier, Verifier};
 
 #[derive(Debug, Args)]
@@ -19,9 +21,26 @@ pub struct VerifyArgs {
     /// The model's response.
     #[arg(long, requires = "reference")]
     response: Option<String>,
+    /// Score JSON lines `{"reference": …, "response": …}` from stdin, one `{"reward": …}`
+    /// line each (flushed), as a dataset task with these `extract` rules and
+    /// `format_weight = 0` rewards them: an outside trainer gets exactly our grader.
+    #[arg(long, conflicts_with_all = ["cases", "reference", "response"])]
+    stdin: bool,
+    /// With `--stdin`: the dataset task's `extract` rules, in order (comma-separated:
+    /// boxed, answer_tag, hashes, answer_is, last_number).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        requires = "stdin",
+        default_value = "boxed,answer_tag,hashes,answer_is"
+    )]
+    extract: Vec<String>,
 }
 
 pub fn run(a: VerifyArgs) -> Result<()> {
+    if a.stdin {
+        return score_lines(&a.extract);
+    }
     if let Some(path) = a.cases {
         let set = cases::read(&path)?;
         let verdicts: Vec<bool> = set.iter().map(cases::judge).collect();
@@ -47,5 +66,36 @@ pub fn run(a: VerifyArgs) -> Result<()> {
     };
     let r = MathVerifier::default().score(&response, &reference);
     println!("{} ({})", r.value, r.detail);
+    Ok(())
+}
+
+/// `--stdin`: the dataset task's answer reward on each line, until stdin ends.
+fn score_lines(extract: &[String]) -> Result<()> {
+    use std::io::{BufRead, Write};
+    let rules = extract
+        .iter()
+        .map(|name| {
+            serde_json::from_value::<AnswerRule>(serde_json::Value::String(name.trim().into()))
+                .map(Rule::from)
+                .map_err(|e| anyhow::anyhow!("--extract `{name}`: {e}"))
+        })
+        .collect::<Result<Vec<Rule>>>()?;
+    let verifier = MathVerifier::with_rules(&rules);
+    let mut out = std::io::stdout().lock();
+    for (i, line) in std::io::stdin().lock().lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .map_err(|e| anyhow::anyhow!("stdin line {}: {e}", i + 1))?;
+        let field = |k: &str| {
+            v[k].as_str()
+                .ok_or_else(|| anyhow::anyhow!("stdin line {}: `{k}` must be a string", i + 1))
+        };
+        let r = verifier.score(field("response")?, field("reference")?);
+        writeln!(out, "{}", serde_json::json!({"reward": r.value}))?;
+        out.flush()?;
+    }
     Ok(())
 }

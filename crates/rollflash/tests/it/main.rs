@@ -24,5 +24,6 @@ mod serve_faults;
 mod tensorboard;
 mod tinker;
 mod util;
+mod verify;
 mod verl;
 mod warmup_cache;

@@ -234,6 +234,7 @@ fn train_through_a_real_tinker_server_raises_the_reward() {
         "train.eval_problems=0".into(),
         "checkpoint.every=2".into(),
         "controller.sync=true".into(),
+        "buffer.alpha=0".into(),
         "learner.rejoin_secs=600".into(),
         "controller.progress_timeout_secs=600".into(),
         "controller.serve_timeout_secs=600".into(),
