@@ -91,7 +91,7 @@ def trl_side(out: Path, name: str):
         "eval_after": ea.get("success_rate"),
         "eval_tasks": eb.get("tasks"),
         "peak_rss_mb": m.get("max_rss_mb", t.get("peak_rss_mb_self")),
-        "verifier_rss_mb": m.get("children_max_rss_mb"),
+        "verifier_rss_mb": t.get("verifier_peak_rss_mb"),
         "rc": m.get("rc"),
         "order": t.get("order"),
         "versions": t.get("versions"),

@@ -277,6 +277,7 @@ def main(argv=None):
             self.t0 = time.perf_counter()
             self.g0 = Timed.gen_seconds
             self.r0 = reward_seconds[0]
+            self.lr = sched.get_last_lr()[0]
             step_rewards.clear()
 
         def on_step_end(self, args, state, control, **kw):
@@ -292,7 +293,7 @@ def main(argv=None):
                 "samples": len(rs),
                 "reward": sum(rs) / len(rs) if rs else None,
                 "accuracy": sum(r >= 1.0 for r in rs) / len(rs) if rs else None,
-                "lr": sched.get_last_lr()[0],
+                "lr": self.lr,
             })
             print(f"[trl] step {state.global_step}: {wall:.1f}s (generation {gen:.1f}s, training {wall - gen:.1f}s), "
                   f"reward {steps_log[-1]['reward']}", flush=True)
@@ -358,6 +359,7 @@ def main(argv=None):
     trained = sum(s["samples"] for s in steps_log)
 
     eval_after = evaluate("after")
+    verifier_rss = verifier.peak_rss_mb()
     verifier.close()
 
     res = {
@@ -382,6 +384,9 @@ def main(argv=None):
         "eval_before": eval_before,
         "eval_after": eval_after,
         "peak_rss_mb_self": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "verifier_peak_rss_mb": verifier_rss,
+        "verifier_calls": verifier.calls,
+        "verifier_s": verifier.seconds,
         "process_s": time.perf_counter() - t_start,
     }
     (out / "trl.json").write_text(json.dumps(res, indent=2))

@@ -1,14 +1,13 @@
 #!/usr/bin/env python3
 """Runs a command and records its wall time and peak memory, as `/usr/bin/time -v` would but
 without needing it: `measure.py OUT.json -- CMD ARGS...`. The child's output passes through;
-OUT.json gets {"cmd", "rc", "wall_s", "max_rss_mb", "children_max_rss_mb"}: the command's own
-maximum resident set size (wait4's ru_maxrss), and the largest of the processes it waited for
-(a verifier subprocess, say). Exits with the command's status.
+OUT.json gets {"cmd", "rc", "wall_s", "max_rss_mb", "user_s", "sys_s"}: max_rss_mb is the
+command's own maximum resident set size (wait4's ru_maxrss; a subprocess of it, such as TRL's
+verifier, is not included). Exits with the command's status.
 """
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -23,7 +22,6 @@ def main():
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     rc = os.waitstatus_to_exitcode(status)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(out, "w") as f:
         json.dump(
             {
@@ -31,7 +29,6 @@ def main():
                 "rc": rc,
                 "wall_s": wall,
                 "max_rss_mb": usage.ru_maxrss / 1024,
-                "children_max_rss_mb": children.ru_maxrss / 1024,
                 "user_s": usage.ru_utime,
                 "sys_s": usage.ru_stime,
             },

@@ -15,6 +15,9 @@
 # dependencies, then the nvidia-* wheels its metadata names (~3 GB; triton and cuda-bindings
 # skipped). About 5 GB on disk and a few minutes on a fast link.
 #
+# pip prints "ERROR: pip's dependency resolver ... torch 2.15.0 requires triton / cuda-bindings"
+# while it installs: expected (those two are left out on purpose) and harmless.
+#
 # Exit status: 0 with the python on stdout; 3 when it cannot be made (no python3/venv, pip
 # failed): the caller prints `SKIPPED: ...` with the reason on stderr.
 set -euo pipefail

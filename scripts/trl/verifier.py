@@ -80,6 +80,17 @@ class Verifier:
     def score_many(self, references: Sequence[str], responses: Sequence[str]) -> list[float]:
         return [self.score(r, s) for r, s in zip(references, responses, strict=True)]
 
+    def peak_rss_mb(self) -> float | None:
+        """The verifier process's peak resident set (VmHWM), while it is still running."""
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return None
+
     def close(self):
         if self.proc.poll() is None:
             try:
