@@ -11,7 +11,7 @@
 #   scripts/bench_vs_trl.sh [OUT]          # default OUT=runs/bench_vs_trl; ~30-40 min on 2 cores
 #   SMOKE=1 scripts/bench_vs_trl.sh        # 1 step, 2 prompts × 2 samples, 8 new tokens, 4 eval problems
 #
-# Runs, in order: rollflash synchronous (α = 0, `controller.sync=true`), TRL (fed the prompts
+# Runs, in order: rollflash synchronous (α = 0: `controller.sync=true buffer.alpha=0`), TRL (fed the prompts
 # that run trained on, step by step, and checking its prompt ids against rollflash's), rollflash
 # asynchronous (α = 1, the default). TRL has no asynchronous mode on the CPU (its
 # experimental AsyncGRPOTrainer generates on a vLLM server only), so the async table sets
@@ -169,8 +169,8 @@ $(tail -n 30 "$OUT/trl_sync.log")"
 for run in $RUNS; do
   start=$(date +%s)
   case "$run" in
-    rf_sync) rollflash_run rf_sync controller.sync=true ;;
-    rf_async) rollflash_run rf_async controller.sync=false ;;
+    rf_sync) rollflash_run rf_sync controller.sync=true buffer.alpha=0 ;;
+    rf_async) rollflash_run rf_async controller.sync=false buffer.alpha=1 ;;
     trl_sync) trl_run ;;
     *) die "unknown run '$run' in RUNS (rf_sync, trl_sync, rf_async)" ;;
   esac
