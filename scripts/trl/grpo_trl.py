@@ -131,7 +131,7 @@ def main(argv=None):
     random.seed(a.seed)
     torch.manual_seed(a.seed)
     batch = a.prompts * a.group
-    micro = a.micro if a.micro > 0 and batch % a.micro == 0 and a.micro % a.group == 0 else batch
+    micro = a.micro if a.micro > 0 and batch % a.micro == 0 else batch
     accum = batch // micro
 
     tok = AutoTokenizer.from_pretrained(a.model)
