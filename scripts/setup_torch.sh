@@ -19,11 +19,11 @@
 # Everything comes from PyPI; about 4.5 GB of .venv in total, a minute or two on a fast link.
 #
 # TORCH_SPEC overrides the torch requirement (default pinned so benchmark numbers are
-# comparable across runs).
+# comparable across runs); TORCH_VENV another virtual environment (scripts/trl/setup_venv.sh's).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
+VENV="${TORCH_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.15.0}"
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check)

@@ -9,11 +9,8 @@
 # Where: ${ROLLFLASH_CACHE_DIR:-$HOME/.cache/rollflash}/trl-venv (its own venv, so the
 # project's .venv and the vLLM venv keep their own transformers).
 #
-# torch as scripts/setup_torch.sh installs it: only PyPI is reachable (no `+cpu` wheel), and
-# PyPI's Linux x86_64 torch is a CUDA build whose import needs the CUDA runtime libraries even
-# on a machine without a GPU, so torch goes in with --no-deps, then its pure-Python
-# dependencies, then the nvidia-* wheels its metadata names (~3 GB; triton and cuda-bindings
-# skipped). About 5 GB on disk and a few minutes on a fast link.
+# torch by scripts/setup_torch.sh (into this venv: TORCH_VENV), which says why PyPI's CUDA build
+# goes in without triton and cuda-bindings. About 5 GB on disk and a few minutes on a fast link.
 #
 # pip prints "ERROR: pip's dependency resolver ... torch 2.15.0 requires triton / cuda-bindings"
 # while it installs: expected (those two are left out on purpose) and harmless.
@@ -22,6 +19,7 @@
 # failed): the caller prints `SKIPPED: ...` with the reason on stderr.
 set -euo pipefail
 
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CACHE="${ROLLFLASH_CACHE_DIR:-$HOME/.cache/rollflash}"
 VENV="${TRL_VENV:-$CACHE/trl-venv}"
 PY="$VENV/bin/python"
@@ -71,36 +69,11 @@ fi
 
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
 
+# torch exactly as scripts/setup_torch.sh installs it, into this venv (a no-op when it works).
+TORCH_VENV="$VENV" TORCH_SPEC="$TORCH_SPEC" "$ROOT/scripts/setup_torch.sh" >&2 \
+  || die "torch could not be installed into $VENV (scripts/setup_torch.sh, reason above)"
 if ! "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(spec_version "$TORCH_SPEC")')" >/dev/null 2>&1; then
-  echo "setup_venv.sh: installing $TORCH_SPEC (used on the CPU) into $VENV" >&2
-  "${PIP[@]}" --no-deps "$TORCH_SPEC" >&2 || die "pip could not install $TORCH_SPEC (is PyPI reachable?)"
-fi
-"${PIP[@]}" filelock 'typing-extensions>=4.13' 'sympy>=1.13.3' 'networkx>=2.5.1' jinja2 \
-  'fsspec>=0.8.5' 'setuptools>=77.0.3' >&2 \
-  || die "pip could not install torch's pure-Python dependencies"
-
-if ! torch_works; then
-  mapfile -t cuda_reqs < <("$PY" - <<'EOF'
-from importlib.metadata import requires
-
-try:
-    from packaging.requirements import Requirement
-except ImportError:  # a bare venv: pip vendors packaging
-    from pip._vendor.packaging.requirements import Requirement
-
-for line in requires("torch") or []:
-    r = Requirement(line)
-    if r.marker is not None and not r.marker.evaluate({"extra": ""}):
-        continue
-    name = r.name.lower().replace("_", "-")
-    if name.startswith("nvidia-") or name == "cuda-toolkit":
-        print(str(r).split(";")[0].strip())
-EOF
-  )
-  if [ "${#cuda_reqs[@]}" -gt 0 ]; then
-    echo "setup_venv.sh: torch's PyPI wheel is a CUDA build and needs the CUDA libraries at import; installing ${cuda_reqs[*]} (~3 GB)" >&2
-    "${PIP[@]}" "${cuda_reqs[@]}" >&2 || die "pip could not install the CUDA library wheels torch needs to import"
-  fi
+  die "$VENV holds another torch than $TORCH_SPEC (remove the venv to rebuild it)"
 fi
 torch_works || die "torch is installed in $VENV but does not import (try: $PY -c 'import torch')"
 

@@ -128,10 +128,21 @@ fn rollout(backends: Vec<Arc<InstantBackend>>) -> Rollout {
 }
 
 fn rollout_with(backends: Vec<Arc<InstantBackend>>, cfg: ProxyConfig) -> Rollout {
+    rollout_over(
+        backends
+            .into_iter()
+            .map(|b| b as Arc<dyn Backend>)
+            .collect(),
+        cfg,
+    )
+}
+
+/// As [`rollout_with`], over backends of any kind.
+fn rollout_over(backends: Vec<Arc<dyn Backend>>, cfg: ProxyConfig) -> Rollout {
     let backends: Vec<BackendEntry> = backends
         .into_iter()
-        .map(|b| BackendEntry {
-            backend: b as Arc<dyn Backend>,
+        .map(|backend| BackendEntry {
+            backend,
             route: rollflash_rollout::WeightRoute::Direct,
             max_running_requests: 16,
             update_timeout: None,
@@ -972,33 +983,9 @@ async fn run_forgetful(
         inner: InstantBackend::with_delay("forgetful", Duration::from_millis(5)),
         state: Default::default(),
     });
-    let proxy = LlmProxy::start(
-        vec![BackendEntry {
-            backend: Arc::clone(&server) as Arc<dyn Backend>,
-            route: rollflash_rollout::WeightRoute::Direct,
-            max_running_requests: 16,
-            update_timeout: None,
-        }],
-        Box::new(LeastLoaded),
+    let r = rollout_over(
+        vec![Arc::clone(&server) as Arc<dyn Backend>],
         ProxyConfig::default(),
-    );
-    let r = rollout(Vec::new());
-    let envs = EnvManager::new(
-        proxy.handle(),
-        Arc::new(Tokenizer::builtin()),
-        Renderer::Plain {
-            separator: "\n".into(),
-        },
-        EnvManagerConfig {
-            max_turns: 1,
-            max_total_tokens: 64,
-            sampling: SamplingParams {
-                max_new_tokens: 7,
-                ..Default::default()
-            },
-            step_timeout: Duration::from_secs(10),
-        },
-        r.version.subscribe(),
     );
     let rebuilt = Arc::new(AtomicUsize::new(0));
     let learner = RemoteLike {
@@ -1029,8 +1016,8 @@ async fn run_forgetful(
             },
             ..Default::default()
         },
-        proxy.handle(),
-        envs,
+        r.proxy.handle(),
+        r.envs.clone(),
         Arc::clone(&r.make_env),
         r.version,
         learner,
@@ -1039,7 +1026,6 @@ async fn run_forgetful(
     let out = tokio::time::timeout(Duration::from_secs(24 * 3600), ctl.run())
         .await
         .expect("the run waited forever");
-    proxy.shutdown().await.unwrap();
     r.proxy.shutdown().await.unwrap();
     (out, server, rebuilt.load(Ordering::SeqCst))
 }

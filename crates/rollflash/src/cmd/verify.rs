@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 use rollflash_env::envs::dataset_task::AnswerRule;
+use rollflash_env::envs::DatasetTaskConfig;
 use rollflash_env::verify::math::Rule;
 use rollflash_env::verify::{cases, MathVerifier, Verifier};
 
@@ -27,13 +28,8 @@ pub struct VerifyArgs {
     #[arg(long, conflicts_with_all = ["cases", "reference", "response"])]
     stdin: bool,
     /// With `--stdin`: the dataset task's `extract` rules, in order (comma-separated:
-    /// boxed, answer_tag, hashes, answer_is, last_number).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        requires = "stdin",
-        default_value = "boxed,answer_tag,hashes,answer_is"
-    )]
+    /// boxed, answer_tag, hashes, answer_is, last_number); by default the task's default.
+    #[arg(long, value_delimiter = ',', requires = "stdin")]
     extract: Vec<String>,
 }
 
@@ -72,14 +68,22 @@ pub fn run(a: VerifyArgs) -> Result<()> {
 /// `--stdin`: the dataset task's answer reward on each line, until stdin ends.
 fn score_lines(extract: &[String]) -> Result<()> {
     use std::io::{BufRead, Write};
-    let rules = extract
-        .iter()
-        .map(|name| {
-            serde_json::from_value::<AnswerRule>(serde_json::Value::String(name.trim().into()))
-                .map(Rule::from)
-                .map_err(|e| anyhow::anyhow!("--extract `{name}`: {e}"))
-        })
-        .collect::<Result<Vec<Rule>>>()?;
+    let rules: Vec<Rule> = if extract.is_empty() {
+        DatasetTaskConfig::new(Vec::new())
+            .extract
+            .into_iter()
+            .map(Rule::from)
+            .collect()
+    } else {
+        extract
+            .iter()
+            .map(|name| {
+                serde_json::from_value::<AnswerRule>(serde_json::Value::String(name.trim().into()))
+                    .map(Rule::from)
+                    .map_err(|e| anyhow::anyhow!("--extract `{name}`: {e}"))
+            })
+            .collect::<Result<_>>()?
+    };
     let verifier = MathVerifier::with_rules(&rules);
     let mut out = std::io::stdout().lock();
     for (i, line) in std::io::stdin().lock().lines().enumerate() {

@@ -47,6 +47,26 @@ fn tinker_train(url: &str, run: &Path, extra: &[String]) -> Command {
     c
 }
 
+/// The run in `run` logged steps 0..`steps` once each, every step and the summary balanced.
+fn assert_every_step_once(run: &Path, steps: usize, what: &str) {
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), steps, "every step once: {metrics}");
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r["step"].as_u64(), Some(i as u64), "{r}");
+        assert_balanced(r, &format!("a step of the {what} Tinker run"));
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_balanced(
+        &summary["accounting"],
+        &format!("the {what} Tinker run's summary"),
+    );
+}
+
 /// Polls `cond` every 200 ms until it holds or `limit` passes; whether it held.
 fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let t = Instant::now();
@@ -204,20 +224,7 @@ fn train_through_a_real_tinker_server_raises_the_reward() {
         server.log_tail(40)
     );
     assert!(stdout.contains("tinker: loaded tinker://"), "{stdout}");
-    let metrics = std::fs::read_to_string(crash.join("metrics.jsonl")).unwrap();
-    let rows: Vec<serde_json::Value> = metrics
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(rows.len(), 6, "every step once: {metrics}");
-    for (i, r) in rows.iter().enumerate() {
-        assert_eq!(r["step"].as_u64(), Some(i as u64), "{r}");
-        assert_balanced(r, "a step of the resumed Tinker run");
-    }
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(crash.join("summary.json")).unwrap())
-            .unwrap();
-    assert_balanced(&summary["accounting"], "the resumed Tinker run's summary");
+    assert_every_step_once(&crash, 6, "resumed");
     let final_state: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(crash.join("final").join("tinker.json")).unwrap(),
     )
@@ -283,18 +290,5 @@ fn train_through_a_real_tinker_server_raises_the_reward() {
             "in the middle of a step"
         }
     );
-    let metrics = std::fs::read_to_string(rejoin.join("metrics.jsonl")).unwrap();
-    let rows: Vec<serde_json::Value> = metrics
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(rows.len(), 6, "every step once: {metrics}");
-    for (i, r) in rows.iter().enumerate() {
-        assert_eq!(r["step"].as_u64(), Some(i as u64), "{r}");
-        assert_balanced(r, "a step of the rejoined Tinker run");
-    }
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(rejoin.join("summary.json")).unwrap())
-            .unwrap();
-    assert_balanced(&summary["accounting"], "the rejoined Tinker run's summary");
+    assert_every_step_once(&rejoin, 6, "rejoined");
 }

@@ -56,18 +56,13 @@ async fn verify_stdin_gives_the_dataset_task_s_reward() {
             vec![AnswerRule::Boxed, AnswerRule::LastNumber],
             "boxed,last_number",
         ),
-        (
-            vec![
-                AnswerRule::Boxed,
-                AnswerRule::AnswerTag,
-                AnswerRule::Hashes,
-                AnswerRule::AnswerIs,
-            ],
-            "boxed,answer_tag,hashes,answer_is",
-        ),
+        // The task's default rules, and no --extract.
+        (Vec::new(), ""),
     ] {
         let mut task = DatasetTaskConfig::new(vec![DataFile::new(&rows)]);
-        task.extract = extract;
+        if !extract.is_empty() {
+            task.extract = extract;
+        }
         task.format_weight = 0.0;
         task.validate().unwrap();
         let mut env = DatasetEnv::new(&task).unwrap();
@@ -85,7 +80,12 @@ async fn verify_stdin_gives_the_dataset_task_s_reward() {
                 )
             })
             .collect();
-        let (out, err, ok) = verify(&["--extract", names], &input);
+        let args: &[&str] = if names.is_empty() {
+            &[]
+        } else {
+            &["--extract", names]
+        };
+        let (out, err, ok) = verify(args, &input);
         assert!(ok, "{err}");
         let got: Vec<f64> = out
             .lines()
