@@ -211,15 +211,14 @@ impl Workload {
     /// The workload's settings, as `--set` overrides of the `rollflash train` defaults (so
     /// they are validated like any config, and printed with the table).
     ///
-    /// Both: two engine workers of one thread each and a two-thread trainer (the 2-core
-    /// machine, fully used by either stage in the synchronous baseline), engine slots fewer
+    /// Both: two engine workers and the automatic core split (`rollflash_run::cores`: on
+    /// the 2-core machine one thread per engine and a two-thread trainer, so either stage
+    /// uses the whole machine in the synchronous baseline), engine slots fewer
     /// than a batch's samples (so static batching and slot-holding environments cost what
     /// they cost on a GPU whose KV cache bounds the batch), no evaluation, no report.
     pub fn sets(self) -> Vec<String> {
         let common = [
             "rollout.engines=2",
-            "rollout.engine_threads=1",
-            "train.threads=2",
             "train.eval_problems=0",
             "train.eval_samples=0",
             "metrics.progress=false",

@@ -6,6 +6,7 @@
 pub mod agentic_warmup;
 pub mod checkpoint;
 pub mod config;
+pub mod cores;
 pub mod dashboard;
 pub mod eval;
 pub mod metrics;

@@ -24,6 +24,7 @@ use crate::config::{
     resolve_api_key, ConfigError, DTypeSpec, DeviceSpec, EnvSection, LearnerKind,
     OnCheckpointError, RendererChoice, ServerKind, ServerWeights, TrainConfig, WarmupSection,
 };
+use crate::cores::CoreSplit;
 use crate::eval::success_threshold;
 
 /// A plan could not be made from a (valid) config.
@@ -271,7 +272,8 @@ pub struct MetricsPlan {
 pub struct WarmupSettings {
     pub section: WarmupSection,
     pub seed: u64,
-    /// All the run's CPU threads (the trainer's and the engines'): nothing else runs yet.
+    /// All the run's CPU threads, up to the cores ([`CoreSplit::warmup_threads`]): nothing
+    /// else runs yet.
     pub threads: usize,
     /// The rollout's turn and token limits (the agentic warm-up's demonstrations keep to
     /// them).
@@ -294,6 +296,8 @@ pub enum TrainerPlan {
 #[derive(Debug, Clone)]
 pub struct RunPlan {
     seed: u64,
+    /// The threads of the engines and the trainer ([`CoreSplit`]).
+    cores: CoreSplit,
     output: OutputPlan,
     placement: Placement,
     model: ModelSource,
@@ -382,10 +386,11 @@ impl RunPlan {
             Some(dir) => ModelSource::Dir(dir.clone()),
             None => ModelSource::Builtin { seed: c.seed },
         };
+        let cores = CoreSplit::detect(r.engines, r.engine_threads, c.train.threads);
         let mut backends: Vec<BackendPlan> = (0..r.engines)
             .map(|i| BackendPlan::Engine {
                 name: format!("engine-{i}"),
-                threads: r.engine_threads,
+                threads: cores.engine_threads,
                 max_running_requests: r.max_running_requests,
             })
             .collect();
@@ -458,8 +463,8 @@ impl RunPlan {
             stall_report: (c.controller.stall_report_secs > 0.0)
                 .then(|| Duration::from_secs_f64(c.controller.stall_report_secs)),
         };
-        let warmup = warmup_plan(c);
-        let learner = c.learner_config(&placement.device);
+        let warmup = warmup_plan(c, &cores);
+        let learner = c.learner_config(&placement.device, cores.train_threads);
         let first_task = task_seed(c.seed);
         let env = match &c.env {
             EnvSection::Builtin(spec) => {
@@ -535,6 +540,7 @@ impl RunPlan {
             _ => c.train.eval_every,
         };
         Ok(RunPlan {
+            cores,
             trainer,
             sandbox,
             python_reward,
@@ -583,6 +589,11 @@ impl RunPlan {
                 },
             },
         })
+    }
+
+    /// How the cores are divided between the engines and the trainer.
+    pub fn cores(&self) -> &CoreSplit {
+        &self.cores
     }
 
     /// The α in force: 0 for the synchronous baseline.
@@ -769,6 +780,7 @@ impl RunPlan {
             }
         )];
         out.push(crate::preset::describe(&self.learner));
+        out.push(self.cores.describe(self.sync()));
         if let TrainerPlan::Tinker(t) = &self.trainer {
             out.push(format!(
                 "trainer: Tinker server {} ({}), LoRA rank {}; loss: {}",
@@ -962,7 +974,7 @@ pub fn task_seed(seed: u64) -> u64 {
     seed.wrapping_mul(1_000_003)
 }
 
-fn warmup_plan(c: &TrainConfig) -> WarmupPlan {
+fn warmup_plan(c: &TrainConfig, cores: &CoreSplit) -> WarmupPlan {
     if c.warmup.steps == 0 {
         return WarmupPlan::None;
     }
@@ -971,7 +983,7 @@ fn warmup_plan(c: &TrainConfig) -> WarmupPlan {
             let settings = WarmupSettings {
                 section: c.warmup.clone(),
                 seed: c.seed,
-                threads: c.train.threads.max(1) + c.rollout.engine_threads * c.rollout.engines,
+                threads: cores.warmup_threads(),
                 max_turns: c.rollout.max_turns,
                 max_total_tokens: c.rollout.max_total_tokens,
             };

@@ -10,6 +10,7 @@ mod learner;
 mod model;
 mod output;
 mod rollout;
+mod threads;
 mod train;
 mod warmup;
 
@@ -32,6 +33,7 @@ pub use learner::{LearnerKind, LearnerSection};
 pub use model::{DTypeSpec, DeviceSpec, ModelSection, RendererChoice};
 pub use output::{CheckpointSection, DashboardSection, MetricsSection, OnCheckpointError};
 pub use rollout::{RolloutSection, ServerKind, ServerSection, ServerWeights};
+pub use threads::Threads;
 pub use train::{ControllerSection, TrainSection};
 pub use warmup::WarmupSection;
 
@@ -258,6 +260,7 @@ impl TrainConfig {
     pub fn learner_config(
         &self,
         device: &candle_core::Device,
+        threads: usize,
     ) -> rollflash_trainer::learner::LearnerConfig {
         let t = &self.train;
         rollflash_trainer::learner::LearnerConfig {
@@ -276,7 +279,7 @@ impl TrainConfig {
             advantage: t.advantage,
             shaping: t.shaping_resolved(self.rollout.max_new_tokens),
             temperature: self.rollout.temperature,
-            threads: t.threads,
+            threads,
             micro_batch_size: t.micro_batch_size,
             device: device.clone(),
         }
@@ -334,8 +337,11 @@ impl TrainConfig {
         ] {
             check_timeout(name, v)?;
         }
-        if r.engine_threads == 0 {
-            return Err(field("rollout.engine_threads", "must be at least 1"));
+        if r.engine_threads == Threads::Fixed(0) {
+            return Err(field(
+                "rollout.engine_threads",
+                "must be at least 1 (or \"auto\")",
+            ));
         }
         if r.max_running_requests == 0 {
             return Err(field("rollout.max_running_requests", "must be at least 1"));
@@ -385,8 +391,8 @@ impl TrainConfig {
         if !(t.lr > 0.0) || !t.lr.is_finite() {
             return Err(field("train.lr", "must be > 0"));
         }
-        if t.threads == 0 {
-            return Err(field("train.threads", "must be at least 1"));
+        if t.threads == Threads::Fixed(0) {
+            return Err(field("train.threads", "must be at least 1 (or \"auto\")"));
         }
         for (name, b) in [
             ("train.adam_beta1", t.adam_beta1),

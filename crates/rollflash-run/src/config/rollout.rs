@@ -15,8 +15,9 @@ use super::{field, ConfigError, RendererChoice};
 pub struct RolloutSection {
     /// Embedded engine workers.
     pub engines: usize,
-    /// CPU threads per engine worker.
-    pub engine_threads: usize,
+    /// CPU threads per engine worker: a number, or `"auto"` (default: the machine's cores
+    /// shared among the engines; `crate::cores` says why).
+    pub engine_threads: super::Threads,
     /// Admission limit per engine.
     pub max_running_requests: usize,
     /// `round_robin`, `least_loaded` or `sticky`.
@@ -58,7 +59,7 @@ impl Default for RolloutSection {
     fn default() -> Self {
         RolloutSection {
             engines: 1,
-            engine_threads: 1,
+            engine_threads: super::Threads::Auto,
             max_running_requests: 64,
             routing: Routing::LeastLoaded,
             temperature: 1.0,

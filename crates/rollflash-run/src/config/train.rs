@@ -16,8 +16,9 @@ pub struct TrainSection {
     /// Training steps (policy versions published).
     pub steps: usize,
     pub lr: f64,
-    /// CPU threads of the trainer.
-    pub threads: usize,
+    /// CPU threads of the trainer: a number, or `"auto"` (default: every core; `crate::cores`
+    /// says why).
+    pub threads: super::Threads,
     /// Sequences per forward/backward pass within a step (0 = the whole batch); gradients
     /// are accumulated and one optimiser step is taken per batch.
     pub micro_batch_size: usize,
@@ -74,7 +75,7 @@ impl Default for TrainSection {
             // 0.79 on seed 0) while the training reward rose; at 2e-5 it ends at or above the
             // warm-up's format-free accuracy on seeds 0-2 (BENCHMARKS, issue 30).
             lr: 2e-5,
-            threads: 1,
+            threads: super::Threads::Auto,
             micro_batch_size: 0,
             max_grad_norm: 1.0,
             weight_decay: 0.0,

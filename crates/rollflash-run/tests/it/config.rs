@@ -173,6 +173,49 @@ fn the_plan_derives_every_rule_from_the_config() {
     assert!(plan.describe().iter().any(|l| l.contains("engine-2")));
 }
 
+/// Thread counts are `"auto"` by default and resolve to the machine's cores in the plan
+/// (`rollflash_run::cores`); a pinned count is kept; anything else names the field.
+#[test]
+fn thread_counts_are_auto_by_default_and_pinned_when_written() {
+    use rollflash_run::config::Threads;
+    use rollflash_run::plan::{BackendPlan, RunPlan};
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let auto = load(&[]).unwrap();
+    assert_eq!(auto.train.threads, Threads::Auto);
+    assert_eq!(auto.rollout.engine_threads, Threads::Auto);
+    let plan = RunPlan::new(auto).unwrap();
+    assert_eq!(plan.learner().threads, cores);
+    assert_eq!(plan.cores().engine_threads, cores);
+    assert!(plan
+        .describe()
+        .iter()
+        .any(|l| l.starts_with(&format!("cores: {cores} available"))));
+    let pinned = load(&[
+        "train.threads=3",
+        "rollout.engine_threads=\"auto\"",
+        "rollout.engines=2",
+    ])
+    .unwrap();
+    assert_eq!(pinned.train.threads, Threads::Fixed(3));
+    let plan = RunPlan::new(pinned.clone()).unwrap();
+    assert_eq!(plan.learner().threads, 3);
+    assert!(plan.backends().iter().all(
+        |b| matches!(b, BackendPlan::Engine { threads, .. } if *threads == (cores / 2).max(1))
+    ));
+    // The written form round-trips: a number stays a number, auto stays auto.
+    let text = pinned.to_toml().unwrap();
+    assert!(text.contains("threads = 3") && text.contains("engine_threads = \"auto\""));
+    for bad in [
+        "train.threads=0",
+        "train.threads=\"many\"",
+        "rollout.engine_threads=-1",
+    ] {
+        let err = load(&[bad]).unwrap_err();
+        let key = bad.split('=').next().unwrap();
+        assert!(err.contains(key), "{bad}: {err}");
+    }
+}
+
 /// `cuda:N` parses, and a build without the `cuda` feature refuses it by the field's name.
 #[cfg(not(feature = "cuda"))]
 #[test]

@@ -65,20 +65,20 @@ pub fn run(a: TrainArgs) -> Result<()> {
         return Ok(());
     }
     let steps_total = cfg.train.steps;
-    let threads = cfg.rollout.engines * cfg.rollout.engine_threads + cfg.train.threads;
     println!(
-        "rollflash train: env `{}`, {} steps of {}×{} samples, α = {}{}, {} threads ({} engine × {} + {} trainer)",
+        "rollflash train: env `{}`, {} steps of {}×{} samples, α = {}{}",
         cfg.env.name(),
         cfg.train.steps,
         cfg.buffer.groups_per_batch,
         cfg.buffer.group_size,
         plan.alpha(),
-        if plan.sync() { " (synchronous baseline)" } else { "" },
-        threads,
-        cfg.rollout.engines,
-        cfg.rollout.engine_threads,
-        cfg.train.threads
+        if plan.sync() {
+            " (synchronous baseline)"
+        } else {
+            ""
+        },
     );
+    println!("{}", plan.cores().describe(plan.sync()));
     if !cfg.rollout.servers.is_empty() {
         println!(
             "rollout servers: {} (their threads are their own)",
