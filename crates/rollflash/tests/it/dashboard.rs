@@ -86,7 +86,7 @@ fn the_live_dashboard_draws_curves_timeline_and_trajectories_in_chromium() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-run");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut sets = crate::util::tiny_lake_sets(&dir);
+    let mut sets = crate::tiny_run::tiny_lake_sets(&dir);
     sets.extend([
         "warmup.steps=0".into(),
         "train.steps=3".into(),
@@ -189,7 +189,7 @@ fn trajectories_stop_at_their_size_cap_and_the_log_says_so() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("trajectories-cap-run");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut sets = crate::util::tiny_lake_sets(&dir);
+    let mut sets = crate::tiny_run::tiny_lake_sets(&dir);
     sets.extend([
         "warmup.steps=0".into(),
         "train.steps=3".into(),

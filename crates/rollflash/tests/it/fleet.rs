@@ -106,7 +106,7 @@ fn train_with(dir: &Path, config: &Path, extra: &[&str]) -> Child {
 
 /// [`train_with`] plus command-line arguments (`--resume`).
 fn train_args(dir: &Path, config: &Path, extra: &[&str], args: &[&str]) -> Child {
-    let mut sets = crate::util::tiny_lake_sets(dir);
+    let mut sets = crate::tiny_run::tiny_lake_sets(dir);
     sets.extend([
         "seed=3".into(),
         "warmup.steps=0".into(),
@@ -226,7 +226,7 @@ fn a_run_on_two_servers_survives_losing_one_and_ends_with_the_other_at_the_final
     let mut trained = 0;
     for (i, s) in m.iter().enumerate() {
         let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("step {i}: no {k}"));
-        crate::util::assert_balanced(s, &format!("step {i}"));
+        crate::tiny_run::assert_balanced(s, &format!("step {i}"));
         trained += n("samples");
         assert_eq!(
             n("trained"),
@@ -320,7 +320,7 @@ fn lora_versions_reach_a_server_as_adapters_and_a_resumed_run_reloads_its_checkp
     let m = metrics(dir);
     assert_eq!(m.len() as u64, STEPS, "steps 1-2, then 3-{STEPS}");
     for (i, s) in m.iter().enumerate() {
-        crate::util::assert_balanced(s, &format!("step {i}"));
+        crate::tiny_run::assert_balanced(s, &format!("step {i}"));
     }
     // The resumed process unloads (and prunes on disk) what it loaded beyond the newest two
     // (v2 again, v3); v1, which the first process left, stays until the server restarts
@@ -518,7 +518,7 @@ fn a_fleet_that_all_goes_down_continues_on_a_server_that_comes_back() {
     let mut trained = 0;
     for (i, s) in m.iter().enumerate() {
         let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("step {i}: no {k}"));
-        crate::util::assert_balanced(s, &format!("step {i}"));
+        crate::tiny_run::assert_balanced(s, &format!("step {i}"));
         trained += n("samples");
         assert_eq!(
             n("trained"),
@@ -646,7 +646,7 @@ fn a_server_that_stops_answering_costs_request_deadlines_not_a_hang() {
     );
     assert_eq!(m.len() as u64, STEPS, "every step recorded");
     let last = m.last().unwrap();
-    crate::util::assert_balanced(last, "last step");
+    crate::tiny_run::assert_balanced(last, "last step");
     // The held server missed the syncs after it went quiet; the other one served them all.
     assert_eq!(served_version(&a.url), STEPS);
     let synced_late = m.iter().skip(2).any(|s| {

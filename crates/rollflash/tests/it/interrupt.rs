@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 /// A run that would take hours: random built-in model on FrozenLake, asynchronous (α = 1),
 /// no warm-up, no evaluation, no periodic checkpoints.
 fn args(dir: &Path, steps: usize, warmup_steps: usize) -> Vec<String> {
-    let mut sets = crate::util::tiny_lake_sets(dir);
+    let mut sets = crate::tiny_run::tiny_lake_sets(dir);
     sets.extend([
         "seed=5".into(),
         format!("warmup.steps={warmup_steps}"),

@@ -1,11 +1,11 @@
 //! Integration tests of the `rollflash` crate: the binary as real processes on loopback
-//! ports, and the runs whose helpers those share (resume, LoRA, algorithms; the run API's
-//! own tests are `rollflash-run`'s).
+//! ports (training, serving, evaluating, killed and interrupted), and `rollflash bench`'s
+//! workloads (`bench_rl`). Tests of runs through the library's API (resume, crash safety,
+//! LoRA, the algorithms, the plan) are `rollflash-run`'s.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod algo;
 mod bad_models;
 mod bench_rl;
 mod crash;
@@ -15,14 +15,16 @@ mod env_serve;
 mod eval;
 mod fleet;
 mod interrupt;
-mod lora;
 mod remote_env;
-mod resume;
 mod secrets;
 mod serve;
 mod serve_faults;
 mod tensorboard;
 mod tinker;
+// The tiny run and its checks have one home, in `rollflash-run`'s tests (whose runs through
+// the API use them too); this binary's process tests include the same file.
+#[path = "../../../rollflash-run/tests/it/tiny_run.rs"]
+mod tiny_run;
 mod util;
 mod verify;
 mod verl;

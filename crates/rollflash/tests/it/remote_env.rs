@@ -54,9 +54,9 @@ async fn live_envs(url: &str) -> u64 {
     v["envs"].as_u64().expect("envs")
 }
 
-/// `crate::util::tiny_lake_sets` with the environment on the server at `url`.
+/// `crate::tiny_run::tiny_lake_sets` with the environment on the server at `url`.
 fn sets(dir: &Path, url: &str, steps: usize, extra: &[&str]) -> Vec<String> {
-    let mut out: Vec<String> = crate::util::tiny_lake_sets(dir)
+    let mut out: Vec<String> = crate::tiny_run::tiny_lake_sets(dir)
         .into_iter()
         .map(|s| match s.strip_prefix("env.") {
             Some(rest) => format!("env.remote.spec.{rest}"),

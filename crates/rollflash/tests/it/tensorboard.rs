@@ -84,7 +84,7 @@ fn tensorboard_reads_every_metric_at_its_step_once_across_a_resume() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tensorboard-run");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut sets = crate::util::tiny_lake_sets(&dir);
+    let mut sets = crate::tiny_run::tiny_lake_sets(&dir);
     sets.extend([
         "warmup.steps=0".into(),
         "metrics.report=false".into(),

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use rollflash_tinker::local::LocalServer;
 
-use crate::util::assert_balanced;
+use crate::tiny_run::assert_balanced;
 
 /// `rollflash train --config configs/tinker.toml` against `url`, writing to `run`, with
 /// `extra` settings.

@@ -14,7 +14,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::util::{assert_balanced, warmed_up_model};
+use crate::tiny_run::assert_balanced;
+use crate::util::warmed_up_model;
 
 /// The shipped scorer, extended: a dict with `answered` beside `score`, and a raise on every
 /// row whose index is 5 mod 16.

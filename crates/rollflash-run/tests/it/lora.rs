@@ -11,7 +11,7 @@ use rollflash_run::config::TrainConfig;
 use rollflash_run::pipeline::{self, Resume, RunOptions};
 use rollflash_run::plan::RunPlan;
 
-use crate::resume::sync_sets;
+use crate::tiny_run::{sync_sets, tiny_lake_sets};
 
 fn cfg(dir: &Path, steps: usize, every: usize) -> TrainConfig {
     let mut sets = sync_sets(dir, steps, every);
@@ -129,7 +129,7 @@ fn lora_settings_are_checked_and_shown() {
             "train.lora.target_modules",
         ),
     ] {
-        let mut sets = crate::util::tiny_lake_sets(dir.path());
+        let mut sets = tiny_lake_sets(dir.path());
         sets.push(set.into());
         let e = TrainConfig::load(None, &sets)
             .map_err(|e| e.to_string())
@@ -137,7 +137,7 @@ fn lora_settings_are_checked_and_shown() {
             .unwrap_err();
         assert!(e.contains(field), "{set}: {e}");
     }
-    let mut sets = crate::util::tiny_lake_sets(dir.path());
+    let mut sets = tiny_lake_sets(dir.path());
     sets.push("train.lora.rank=16".into());
     let c = TrainConfig::load(None, &sets).unwrap();
     let l = c.train.lora.clone().unwrap();
@@ -151,8 +151,7 @@ fn lora_settings_are_checked_and_shown() {
         .iter()
         .any(|l| l.contains("LoRA adapters (PEFT), rank 16")));
     let plain =
-        RunPlan::new(TrainConfig::load(None, &crate::util::tiny_lake_sets(dir.path())).unwrap())
-            .unwrap();
+        RunPlan::new(TrainConfig::load(None, &tiny_lake_sets(dir.path())).unwrap()).unwrap();
     assert!(plain
         .describe()
         .iter()

@@ -1,6 +1,10 @@
-//! Checkpoints and `--resume`: a synchronous run stopped after K steps and resumed to N ends
-//! with the same weights and the same per-step rewards as a run of N steps; metrics are
-//! written per step with the fields the issue asks for, and the report is built from them.
+//! Checkpoints and resuming through the run API (`pipeline::run_with` with `Resume::Latest`,
+//! what `--resume` runs): a synchronous run stopped after K steps and resumed to N ends with
+//! the same weights and the same per-step rewards as a run of N steps (with running reward
+//! statistics too, and on a dataset, continuing with the next unseen row), and repeats byte
+//! for byte at any thread count; an asynchronous run resumes with balanced accounting;
+//! metrics are written per step with the fields the issue asks for, and the report is built
+//! from them.
 
 use std::path::Path;
 
@@ -9,50 +13,10 @@ use rollflash_run::config::TrainConfig;
 use rollflash_run::pipeline::{self, Resume, RunOptions};
 use serde_json::Value;
 
-/// A run small enough for seconds ([`crate::util::tiny_lake_sets`]), synchronous, no
-/// warm-up.
-///
-/// The loss is PPO (ratio against the proximal policy, which the learner recomputes) rather
-/// than the default decoupled PPO: decoupled PPO also weighs each token by the engine's
-/// behaviour log-prob, and those differ in the last bits with the continuous batch a request
-/// happened to share (matrix products of different row counts round differently), which is
-/// timing. With it, resumed weights agree to about 1e-6 instead of exactly.
-pub(crate) fn cfg(dir: &Path, steps: usize, every: usize) -> TrainConfig {
-    TrainConfig::load(None, &sync_sets(dir, steps, every)).unwrap()
-}
-
-/// [`cfg`]'s settings as `--set` strings, for runs of the binary.
-pub(crate) fn sync_sets(dir: &Path, steps: usize, every: usize) -> Vec<String> {
-    let mut sets = crate::util::tiny_lake_sets(dir);
-    sets.extend([
-        "seed=3".into(),
-        "warmup.steps=0".into(),
-        "rollout.temperature=1.0".into(),
-        "buffer.alpha=0".into(),
-        "controller.sync=true".into(),
-        format!("train.steps={steps}"),
-        "train.lr=1e-3".into(),
-        "train.lr_warmup_steps=2".into(),
-        "train.loss.pg_variant=ppo".into(),
-        format!("checkpoint.every={every}"),
-        "checkpoint.keep=2".into(),
-    ]);
-    sets
-}
-
-pub(crate) fn metrics(dir: &Path) -> Vec<Value> {
-    rollflash_run::metrics::read(&dir.join("metrics.jsonl")).unwrap()
-}
+use crate::tiny_run::{assert_balanced, cfg, max_weight_diff, metrics, sync_sets};
 
 fn column(rows: &[Value], key: &str) -> Vec<f64> {
     rows.iter().map(|r| r[key].as_f64().unwrap()).collect()
-}
-
-/// Largest absolute difference between two checkpoints' tensors.
-pub(crate) fn max_weight_diff(a: &Path, b: &Path) -> f64 {
-    let wa = rollflash_model::hf::load_weights(a, &Device::Cpu).unwrap();
-    let wb = rollflash_model::hf::load_weights(b, &Device::Cpu).unwrap();
-    wa.max_abs_diff(&wb).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,7 +106,7 @@ async fn a_resumed_run_ends_where_the_uninterrupted_one_does() {
     let last = mb.last().unwrap();
     let n = |k: &str| last[k].as_u64().unwrap();
     assert_eq!(n("trained"), (N * 8) as u64);
-    crate::util::assert_balanced(last, "last step");
+    assert_balanced(last, "last step");
 }
 
 /// The synchronous baseline repeats bit for bit for a seed, whatever its thread counts (issue

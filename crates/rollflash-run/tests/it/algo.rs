@@ -149,7 +149,7 @@ fn algorithm_errors_name_the_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_turn_run_with_the_new_knobs_trains_with_finite_metrics() {
     let dir = tempfile::tempdir().unwrap();
-    let mut sets = crate::util::tiny_lake_sets(dir.path());
+    let mut sets = crate::tiny_run::tiny_lake_sets(dir.path());
     sets.extend([
         "seed=5".into(),
         "warmup.steps=0".into(),
