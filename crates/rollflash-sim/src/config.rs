@@ -350,7 +350,7 @@ impl SchedConfig {
     }
 }
 
-fn invalid(field: &str, message: impl Into<String>) -> SimError {
+pub(crate) fn invalid(field: &str, message: impl Into<String>) -> SimError {
     SimError::Config {
         field: field.to_string(),
         message: message.into(),

@@ -3,8 +3,11 @@
 //! `ProxyScheduler`, `SampleBuffer`, `GroupProgress` — against modelled inference workers
 //! (continuous batching with a batch- and context-dependent step cost), trainers, weight
 //! syncs and environments. No I/O, no tensors: `rollflash sim` writes what it returns.
+//! [`cpu`] models how generation and training share a CPU machine's cores and sweeps the
+//! thread split.
 
 pub mod config;
+pub mod cpu;
 pub mod dist;
 mod error;
 pub mod gpu;
@@ -17,6 +20,10 @@ mod worker;
 pub use config::{
     Batching, ClusterConfig, Contention, Episode, EpisodeTurn, InferenceCost, SchedConfig,
     SimConfig, SyncCost, TrainCost, Workload,
+};
+pub use cpu::{
+    best_split, split_candidates, split_table, CpuFactors, CpuScaling, CpuSplit, SplitCandidate,
+    SplitResult,
 };
 pub use dist::{LatencyDist, LengthDist};
 pub use error::SimError;

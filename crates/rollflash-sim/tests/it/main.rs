@@ -1,9 +1,11 @@
 //! Integration tests of `rollflash-sim`: determinism, accounting, the α bound, the
-//! synchronous baseline's phases, and the shapes the paper reports. No wall-clock
-//! thresholds: everything is in virtual time.
+//! synchronous baseline's phases, and the shapes the paper reports; `cpu` checks the core
+//! split model. No wall-clock thresholds: everything is in virtual time.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod cpu;
 
 use rollflash_core::PauseMode;
 use rollflash_sim::scenario::{self, Scale};
