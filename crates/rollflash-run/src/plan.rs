@@ -22,7 +22,8 @@ use rollflash_trainer::{ControllerConfig, CoreConfig, TinkerLearnerConfig};
 
 use crate::config::{
     resolve_api_key, ConfigError, DTypeSpec, DeviceSpec, EnvSection, LearnerKind,
-    OnCheckpointError, RendererChoice, ServerKind, ServerWeights, TrainConfig, WarmupSection,
+    OnCheckpointError, RendererChoice, RolloutSection, ServerKind, ServerWeights, TrainConfig,
+    WarmupSection,
 };
 use crate::cores::CoreSplit;
 use crate::eval::success_threshold;
@@ -387,142 +388,17 @@ impl RunPlan {
             None => ModelSource::Builtin { seed: c.seed },
         };
         let cores = CoreSplit::detect(r.engines, r.engine_threads, c.train.threads);
-        let mut backends: Vec<BackendPlan> = (0..r.engines)
-            .map(|i| BackendPlan::Engine {
-                name: format!("engine-{i}"),
-                threads: cores.engine_threads,
-                max_running_requests: r.max_running_requests,
-            })
-            .collect();
-        for (i, srv) in r.servers.iter().enumerate() {
-            let mut http = HttpBackendConfig::new(srv.url.clone());
-            http.api_key = resolve_api_key(
-                &format!("rollout.servers[{i}]"),
-                &srv.api_key,
-                &srv.api_key_env,
-            )?;
-            if let Some(t) = srv.timeout_secs {
-                http.timeout = Duration::from_secs_f64(t);
-            }
-            if let Some(t) = srv.connect_timeout_secs {
-                http.connect_timeout = Duration::from_secs_f64(t);
-            }
-            backends.push(BackendPlan::Remote {
-                kind: srv.kind,
-                http,
-                max_running_requests: srv.max_running_requests,
-                weights: srv.weights,
-                model: srv.model.clone(),
-                weight_sync_timeout: Duration::from_secs_f64(
-                    srv.weight_sync_timeout_secs
-                        .unwrap_or(r.weight_sync_timeout_secs),
-                ),
-            });
-        }
-        // A Tinker learner's adapters reach embedded engines through the directory too.
-        let tinker = c.learner.kind == LearnerKind::Tinker;
-        let weights_dir = backends
-            .iter()
-            .any(|b| b.takes_disk_weights() || (tinker && matches!(b, BackendPlan::Engine { .. })))
-            .then(|| {
-                r.weights_dir
-                    .clone()
-                    .unwrap_or_else(|| c.output_dir.join("published"))
-            });
-        let mut proxy =
-            ProxyConfig::with_request_timeout(Duration::from_secs_f64(r.request_timeout_secs));
-        proxy.update_timeout = Duration::from_secs_f64(r.weight_sync_timeout_secs);
-        let sampling = SamplingParams {
-            temperature: r.temperature,
-            top_p: r.top_p,
-            max_new_tokens: r.max_new_tokens,
-            seed: Some(c.seed),
-            ..Default::default()
-        };
-        let env_manager = EnvManagerConfig {
-            max_turns: r.max_turns,
-            max_total_tokens: r.max_total_tokens,
-            sampling,
-            step_timeout: Duration::from_secs_f64(r.step_timeout_secs),
-        };
-        let buffer = if c.controller.sync {
-            c.buffer.clone().with_schedule(Schedule::Synchronous)
-        } else {
-            c.buffer.clone()
-        };
-        let controller = ControllerConfig {
-            core: CoreConfig {
-                buffer,
-                redundancy: r.group_size_redundancy,
-                steps: c.train.steps,
-                seed: task_seed(c.seed),
-                serve_timeout: Duration::from_secs_f64(c.controller.serve_timeout_secs),
-                progress_timeout: Duration::from_secs_f64(c.controller.progress_timeout_secs),
-            },
-            pause_mode: c.controller.pause_mode,
-            stall_report: (c.controller.stall_report_secs > 0.0)
-                .then(|| Duration::from_secs_f64(c.controller.stall_report_secs)),
-        };
+        let backends = backends_plan(r, &cores)?;
+        let weights_dir = weights_dir_plan(c, &backends);
+        let proxy = proxy_config(r);
+        let env_manager = env_manager_plan(c);
+        let controller = controller_config(c);
         let warmup = warmup_plan(c, &cores);
         let learner = c.learner_config(&placement.device, cores.train_threads);
-        let first_task = task_seed(c.seed);
-        let env = match &c.env {
-            EnvSection::Builtin(spec) => {
-                EnvSource::Builtin(spec.clone().with_task_seed_origin(first_task))
-            }
-            EnvSection::Remote(r) => EnvSource::Remote(RemoteEnvConfig {
-                url: r.url.clone(),
-                spec: r.spec.clone().with_task_seed_origin(first_task),
-                api_key: resolve_api_key("env.remote", &r.api_key, &r.api_key_env)?,
-                timeout: Duration::from_secs_f64(r.timeout_secs),
-            }),
-            EnvSection::OpenEnv(o) => EnvSource::OpenEnv(o.client_config(resolve_api_key(
-                "env.openenv",
-                &o.api_key,
-                &o.api_key_env,
-            )?)),
-        };
-        // The data cursor is ours only when the dataset runs in this process.
-        let data = match &env {
-            EnvSource::Builtin(EnvSpec {
-                env: EnvConfig::Dataset(d),
-                ..
-            }) => Some(DatasetTaskConfig::clone(d)),
-            _ => None,
-        };
-        let sandbox = data
-            .as_ref()
-            .filter(|d| d.reward == rollflash_env::envs::dataset_task::DatasetReward::Code)
-            .map(|_| c.sandbox.clone());
-        if let Some(sb) = &sandbox {
-            // An environment step that scores code waits for its execution; a step deadline
-            // shorter than one execution's would fail every slow program as a step timeout.
-            let need = sb.execution_deadline().as_secs_f64();
-            if r.step_timeout_secs <= need {
-                return Err(ConfigError::Field {
-                    field: "rollout.step_timeout_secs".into(),
-                    reason: format!(
-                        "{} s would end a step before its code execution's own deadline, \
-                         {need} s (sandbox.wall_secs, plus remote_margin_secs for a remote \
-                         sandbox); raise it or lower those",
-                        r.step_timeout_secs
-                    ),
-                }
-                .into());
-            }
-        }
-        if let Some(d) = data.as_ref().filter(|d| d.attempts > r.max_turns) {
-            // Each attempt is a model turn: fewer turns would cut every episode that needs
-            // its later attempts, and train on it as if the task had ended.
-            return Err(ConfigError::Field {
-                field: "rollout.max_turns".into(),
-                reason: format!(
-                    "{} is fewer than env.attempts = {} (each attempt is a turn)",
-                    r.max_turns, d.attempts
-                ),
-            }
-            .into());
-        }
+        let env = env_source(c)?;
+        let data = dataset_in_process(&env);
+        let sandbox = sandbox_plan(c, data.as_ref())?;
+        check_attempts_fit_turns(r, data.as_ref())?;
         let python_reward = data
             .as_ref()
             .filter(|d| {
@@ -533,12 +409,7 @@ impl RunPlan {
             })
             .map(|_| c.reward.python.clone());
         let trainer = trainer_plan(c, &learner)?;
-        // A Tinker learner's weights live on its server: no local copy to evaluate mid-run.
-        let eval_every = match &trainer {
-            TrainerPlan::Tinker(_) => 0,
-            _ if c.train.eval_problems == 0 => 0,
-            _ => c.train.eval_every,
-        };
+        let eval = eval_plan(c, &trainer);
         Ok(RunPlan {
             cores,
             trainer,
@@ -564,30 +435,11 @@ impl RunPlan {
                 _ => 1.0,
             },
             warmup,
-            eval: EvalPlan {
-                problems: c.train.eval_problems,
-                samples: c.train.eval_samples,
-                temperature: r.temperature,
-                every: eval_every,
-            },
+            eval,
             dashboard: DashboardPlan::new(&c.dashboard)?,
             data,
             seed: c.seed,
-            output: OutputPlan {
-                dir: c.output_dir.clone(),
-                checkpoint: CheckpointPlan {
-                    every: c.checkpoint.every,
-                    keep: c.checkpoint.keep,
-                    on_error: c.checkpoint.on_error,
-                    save_final: c.checkpoint.save_final,
-                },
-                metrics: MetricsPlan {
-                    progress: c.metrics.progress,
-                    tensorboard: c.metrics.tensorboard,
-                    report: c.metrics.report,
-                    prometheus: c.metrics.prometheus,
-                },
-            },
+            output: output_plan(c),
         })
     }
 
@@ -765,125 +617,15 @@ impl RunPlan {
 
     /// The plan in a few lines, for people (`rollflash train --dry-run`).
     pub fn describe(&self) -> Vec<String> {
-        let mut out = vec![format!(
-            "plan: device {:?}, dtype {:?} (this build: {}), model {}",
-            self.placement.device,
-            self.placement.dtype,
-            if cfg!(feature = "cuda") {
-                "cpu and cuda"
-            } else {
-                "cpu only, built without the `cuda` feature"
-            },
-            match &self.model {
-                ModelSource::Builtin { seed } => format!("built-in (seed {seed})"),
-                ModelSource::Dir(d) => d.display().to_string(),
-            }
-        )];
+        let mut out = vec![self.describe_placement()];
         out.push(crate::preset::describe(&self.learner));
         out.push(self.cores.describe(self.sync()));
         if let TrainerPlan::Tinker(t) = &self.trainer {
-            out.push(format!(
-                "trainer: Tinker server {} ({}), LoRA rank {}; loss: {}",
-                t.client.base_url,
-                t.base_model.as_deref().unwrap_or("its first model"),
-                t.lora_rank,
-                rollflash_trainer::TinkerLossPath::of(&t.loss)
-                    .map_or_else(|_| "not trainable there".into(), |p| p.describe()),
-            ));
-            out.push(match t.rejoin {
-                Some(d) => format!(
-                    "if the server dies: wait up to {:.0} s for it, then rejoin (a fresh model \
-                     loads the state saved after every step) and redo the step",
-                    d.as_secs_f64()
-                ),
-                None => "if the server dies: stop, naming the newest checkpoint \
-                         (learner.rejoin_secs > 0 rejoins instead)"
-                    .into(),
-            });
+            describe_tinker(t, &mut out);
         }
-        out.push(match (&self.trainer, &self.lora) {
-            (TrainerPlan::Tinker(t), _) => format!(
-                "training: a LoRA adapter of rank {} on the Tinker server (its base frozen there)",
-                t.lora_rank
-            ),
-            (TrainerPlan::Embedded, lora) => match lora {
-                Some(l) => format!(
-                "training: LoRA adapters (PEFT), rank {}, alpha {} (scale {}), dropout {}, on {}; \
-                 base frozen (no gradients, no optimizer state); engines apply them unmerged, \
-                 servers load them merged; checkpoints add adapter_config.json and \
-                 adapter_model.safetensors",
-                l.rank,
-                l.alpha,
-                l.scale(),
-                l.dropout,
-                l.target_modules.join(", ")
-            ),
-                None => "training: every weight (full fine-tuning)".into(),
-            },
-        });
+        out.push(self.describe_training());
         for b in &self.backends {
-            match b {
-                BackendPlan::Engine {
-                    name,
-                    threads,
-                    max_running_requests,
-                } => out.push(format!(
-                    "backend {name}: embedded engine, {threads} thread(s), {max_running_requests} running requests{}",
-                    match (&self.trainer, &self.weights_dir) {
-                        (TrainerPlan::Tinker(_), Some(d)) => format!(
-                            "; loads each version's LoRA adapter as the Tinker server exports it \
-                             (downloaded to {}, probed against the server)",
-                            d.display()
-                        ),
-                        _ => String::new(),
-                    }
-                )),
-                BackendPlan::Remote {
-                    kind,
-                    http,
-                    max_running_requests,
-                    weights,
-                    weight_sync_timeout,
-                    ..
-                } => out.push(format!(
-                    "backend {}: {} server, {max_running_requests} running requests, {}{}, \
-                     {:.0} s per call{}",
-                    http.base_url,
-                    match kind {
-                        ServerKind::Sglang => "SGLang (native API)",
-                        ServerKind::Vllm => "vLLM",
-                        ServerKind::Openai => "OpenAI-compatible",
-                        ServerKind::Rollflash => "rollflash serve (SGLang-native API)",
-                        ServerKind::Tinker => "Tinker sampler",
-                    },
-                    match (kind, weights, &self.weights_dir) {
-                        (ServerKind::Tinker, ..) =>
-                            "loads each version by the tinker:// path the learner saved".into(),
-                        (_, ServerWeights::Disk, Some(d))
-                            if matches!(self.trainer, TrainerPlan::Tinker(_)) =>
-                            format!(
-                                "loads each version's LoRA adapter as the Tinker server exports \
-                                 it (downloaded to {}, probed against the server)",
-                                d.display()
-                            ),
-                        (k, ServerWeights::Disk, Some(d))
-                            if ServerWeights::Disk.sends_adapter(*k, self.lora.is_some()) =>
-                            format!("loads each version's LoRA adapter only from {}", d.display()),
-                        (_, ServerWeights::Disk | ServerWeights::Merged, Some(d)) =>
-                            format!("loads each version from {}", d.display()),
-                        _ => "keeps its own weights".into(),
-                    },
-                    if http.api_key.is_some() { ", API key set" } else { "" },
-                    http.timeout.as_secs_f64(),
-                    match weights {
-                        ServerWeights::Disk | ServerWeights::Merged => format!(
-                            ", a weight update within {:.0} s",
-                            weight_sync_timeout.as_secs_f64()
-                        ),
-                        ServerWeights::None => String::new(),
-                    },
-                )),
-            }
+            out.push(self.describe_backend(b));
         }
         if self
             .backends
@@ -910,8 +652,138 @@ impl RunPlan {
                 ""
             }
         ));
+        out.push(self.describe_checkpoints());
+        if let Some(c) = self.warmup_cache() {
+            out.push(format!("warm-up cache {}", c.display()));
+        }
+        out
+    }
+
+    /// `describe`'s first line: device, dtype, what this build supports, the model.
+    fn describe_placement(&self) -> String {
+        format!(
+            "plan: device {:?}, dtype {:?} (this build: {}), model {}",
+            self.placement.device,
+            self.placement.dtype,
+            if cfg!(feature = "cuda") {
+                "cpu and cuda"
+            } else {
+                "cpu only, built without the `cuda` feature"
+            },
+            match &self.model {
+                ModelSource::Builtin { seed } => format!("built-in (seed {seed})"),
+                ModelSource::Dir(d) => d.display().to_string(),
+            }
+        )
+    }
+
+    /// `describe`'s line on what is trained: a Tinker adapter, LoRA adapters, or every
+    /// weight.
+    fn describe_training(&self) -> String {
+        match (&self.trainer, &self.lora) {
+            (TrainerPlan::Tinker(t), _) => format!(
+                "training: a LoRA adapter of rank {} on the Tinker server (its base frozen there)",
+                t.lora_rank
+            ),
+            (TrainerPlan::Embedded, lora) => match lora {
+                Some(l) => format!(
+                "training: LoRA adapters (PEFT), rank {}, alpha {} (scale {}), dropout {}, on {}; \
+                 base frozen (no gradients, no optimizer state); engines apply them unmerged, \
+                 servers load them merged; checkpoints add adapter_config.json and \
+                 adapter_model.safetensors",
+                l.rank,
+                l.alpha,
+                l.scale(),
+                l.dropout,
+                l.target_modules.join(", ")
+            ),
+                None => "training: every weight (full fine-tuning)".into(),
+            },
+        }
+    }
+
+    /// `describe`'s line on one backend.
+    fn describe_backend(&self, b: &BackendPlan) -> String {
+        match b {
+            BackendPlan::Engine {
+                name,
+                threads,
+                max_running_requests,
+            } => format!(
+                "backend {name}: embedded engine, {threads} thread(s), {max_running_requests} running requests{}",
+                match (&self.trainer, &self.weights_dir) {
+                    (TrainerPlan::Tinker(_), Some(d)) => format!(
+                        "; loads each version's LoRA adapter as the Tinker server exports it \
+                         (downloaded to {}, probed against the server)",
+                        d.display()
+                    ),
+                    _ => String::new(),
+                }
+            ),
+            BackendPlan::Remote {
+                kind,
+                http,
+                max_running_requests,
+                weights,
+                weight_sync_timeout,
+                ..
+            } => format!(
+                "backend {}: {} server, {max_running_requests} running requests, {}{}, \
+                 {:.0} s per call{}",
+                http.base_url,
+                match kind {
+                    ServerKind::Sglang => "SGLang (native API)",
+                    ServerKind::Vllm => "vLLM",
+                    ServerKind::Openai => "OpenAI-compatible",
+                    ServerKind::Rollflash => "rollflash serve (SGLang-native API)",
+                    ServerKind::Tinker => "Tinker sampler",
+                },
+                self.describe_server_weights(kind, weights),
+                if http.api_key.is_some() { ", API key set" } else { "" },
+                http.timeout.as_secs_f64(),
+                match weights {
+                    ServerWeights::Disk | ServerWeights::Merged => format!(
+                        ", a weight update within {:.0} s",
+                        weight_sync_timeout.as_secs_f64()
+                    ),
+                    ServerWeights::None => String::new(),
+                },
+            ),
+        }
+    }
+
+    /// How a server of `kind` with `weights` receives each version, for people.
+    fn describe_server_weights(&self, kind: &ServerKind, weights: &ServerWeights) -> String {
+        match (kind, weights, &self.weights_dir) {
+            (ServerKind::Tinker, ..) => {
+                "loads each version by the tinker:// path the learner saved".into()
+            }
+            (_, ServerWeights::Disk, Some(d)) if matches!(self.trainer, TrainerPlan::Tinker(_)) => {
+                format!(
+                    "loads each version's LoRA adapter as the Tinker server exports \
+                     it (downloaded to {}, probed against the server)",
+                    d.display()
+                )
+            }
+            (k, ServerWeights::Disk, Some(d))
+                if ServerWeights::Disk.sends_adapter(*k, self.lora.is_some()) =>
+            {
+                format!(
+                    "loads each version's LoRA adapter only from {}",
+                    d.display()
+                )
+            }
+            (_, ServerWeights::Disk | ServerWeights::Merged, Some(d)) => {
+                format!("loads each version from {}", d.display())
+            }
+            _ => "keeps its own weights".into(),
+        }
+    }
+
+    /// `describe`'s line on checkpoints and the final weights.
+    fn describe_checkpoints(&self) -> String {
         let ck = &self.output.checkpoint;
-        out.push(format!(
+        format!(
             "checkpoints: {}; {}",
             match ck.every {
                 0 => "none during the run".to_string(),
@@ -925,11 +797,7 @@ impl RunPlan {
             } else {
                 "no final/ at the end (checkpoint.final = false)".to_string()
             }
-        ));
-        if let Some(c) = self.warmup_cache() {
-            out.push(format!("warm-up cache {}", c.display()));
-        }
-        out
+        )
     }
 
     /// Where the warm-up's result is cached, when the task has one.
@@ -939,6 +807,28 @@ impl RunPlan {
             _ => None,
         }
     }
+}
+
+/// `describe`'s lines on a Tinker trainer: its server and loss, and what a dead server does.
+fn describe_tinker(t: &TinkerLearnerConfig, out: &mut Vec<String>) {
+    out.push(format!(
+        "trainer: Tinker server {} ({}), LoRA rank {}; loss: {}",
+        t.client.base_url,
+        t.base_model.as_deref().unwrap_or("its first model"),
+        t.lora_rank,
+        rollflash_trainer::TinkerLossPath::of(&t.loss)
+            .map_or_else(|_| "not trainable there".into(), |p| p.describe()),
+    ));
+    out.push(match t.rejoin {
+        Some(d) => format!(
+            "if the server dies: wait up to {:.0} s for it, then rejoin (a fresh model \
+             loads the state saved after every step) and redo the step",
+            d.as_secs_f64()
+        ),
+        None => "if the server dies: stop, naming the newest checkpoint \
+                 (learner.rejoin_secs > 0 rejoins instead)"
+            .into(),
+    });
 }
 
 /// The trainer `[learner]` names, with the step's settings `learner` (loss, advantages,
@@ -965,6 +855,227 @@ fn trainer_plan(c: &TrainConfig, learner: &LearnerConfig) -> Result<TrainerPlan,
                 rejoin: (l.rejoin_secs > 0.0).then(|| Duration::from_secs_f64(l.rejoin_secs)),
             })))
         }
+    }
+}
+
+/// The backends of `[rollout]`: its embedded engines (on the threads `cores` gives each),
+/// then its `[[rollout.servers]]` in order, their API keys resolved.
+fn backends_plan(r: &RolloutSection, cores: &CoreSplit) -> Result<Vec<BackendPlan>, PlanError> {
+    let mut backends: Vec<BackendPlan> = (0..r.engines)
+        .map(|i| BackendPlan::Engine {
+            name: format!("engine-{i}"),
+            threads: cores.engine_threads,
+            max_running_requests: r.max_running_requests,
+        })
+        .collect();
+    for (i, srv) in r.servers.iter().enumerate() {
+        let mut http = HttpBackendConfig::new(srv.url.clone());
+        http.api_key = resolve_api_key(
+            &format!("rollout.servers[{i}]"),
+            &srv.api_key,
+            &srv.api_key_env,
+        )?;
+        if let Some(t) = srv.timeout_secs {
+            http.timeout = Duration::from_secs_f64(t);
+        }
+        if let Some(t) = srv.connect_timeout_secs {
+            http.connect_timeout = Duration::from_secs_f64(t);
+        }
+        backends.push(BackendPlan::Remote {
+            kind: srv.kind,
+            http,
+            max_running_requests: srv.max_running_requests,
+            weights: srv.weights,
+            model: srv.model.clone(),
+            weight_sync_timeout: Duration::from_secs_f64(
+                srv.weight_sync_timeout_secs
+                    .unwrap_or(r.weight_sync_timeout_secs),
+            ),
+        });
+    }
+    Ok(backends)
+}
+
+/// Where versions are published, when some backend loads them from disk.
+fn weights_dir_plan(c: &TrainConfig, backends: &[BackendPlan]) -> Option<PathBuf> {
+    // A Tinker learner's adapters reach embedded engines through the directory too.
+    let tinker = c.learner.kind == LearnerKind::Tinker;
+    backends
+        .iter()
+        .any(|b| b.takes_disk_weights() || (tinker && matches!(b, BackendPlan::Engine { .. })))
+        .then(|| {
+            c.rollout
+                .weights_dir
+                .clone()
+                .unwrap_or_else(|| c.output_dir.join("published"))
+        })
+}
+
+/// The proxy's bounds on one generation and on one backend's weight update.
+fn proxy_config(r: &RolloutSection) -> ProxyConfig {
+    let mut proxy =
+        ProxyConfig::with_request_timeout(Duration::from_secs_f64(r.request_timeout_secs));
+    proxy.update_timeout = Duration::from_secs_f64(r.weight_sync_timeout_secs);
+    proxy
+}
+
+/// The limits and sampling of training trajectories (sampling seeded with the run's seed).
+fn env_manager_plan(c: &TrainConfig) -> EnvManagerConfig {
+    let r = &c.rollout;
+    let sampling = SamplingParams {
+        temperature: r.temperature,
+        top_p: r.top_p,
+        max_new_tokens: r.max_new_tokens,
+        seed: Some(c.seed),
+        ..Default::default()
+    };
+    EnvManagerConfig {
+        max_turns: r.max_turns,
+        max_total_tokens: r.max_total_tokens,
+        sampling,
+        step_timeout: Duration::from_secs_f64(r.step_timeout_secs),
+    }
+}
+
+/// The controller's settings: the buffer (synchronous under `controller.sync`), the task
+/// seeds, the timeouts.
+fn controller_config(c: &TrainConfig) -> ControllerConfig {
+    let buffer = if c.controller.sync {
+        c.buffer.clone().with_schedule(Schedule::Synchronous)
+    } else {
+        c.buffer.clone()
+    };
+    ControllerConfig {
+        core: CoreConfig {
+            buffer,
+            redundancy: c.rollout.group_size_redundancy,
+            steps: c.train.steps,
+            seed: task_seed(c.seed),
+            serve_timeout: Duration::from_secs_f64(c.controller.serve_timeout_secs),
+            progress_timeout: Duration::from_secs_f64(c.controller.progress_timeout_secs),
+        },
+        pause_mode: c.controller.pause_mode,
+        stall_report: (c.controller.stall_report_secs > 0.0)
+            .then(|| Duration::from_secs_f64(c.controller.stall_report_secs)),
+    }
+}
+
+/// Where tasks come from, their seeds starting at the run's first task seed; API keys
+/// resolved.
+fn env_source(c: &TrainConfig) -> Result<EnvSource, PlanError> {
+    let first_task = task_seed(c.seed);
+    Ok(match &c.env {
+        EnvSection::Builtin(spec) => {
+            EnvSource::Builtin(spec.clone().with_task_seed_origin(first_task))
+        }
+        EnvSection::Remote(r) => EnvSource::Remote(RemoteEnvConfig {
+            url: r.url.clone(),
+            spec: r.spec.clone().with_task_seed_origin(first_task),
+            api_key: resolve_api_key("env.remote", &r.api_key, &r.api_key_env)?,
+            timeout: Duration::from_secs_f64(r.timeout_secs),
+        }),
+        EnvSection::OpenEnv(o) => EnvSource::OpenEnv(o.client_config(resolve_api_key(
+            "env.openenv",
+            &o.api_key,
+            &o.api_key_env,
+        )?)),
+    })
+}
+
+/// The dataset task's config, when `env` is one in this process.
+fn dataset_in_process(env: &EnvSource) -> Option<DatasetTaskConfig> {
+    // The data cursor is ours only when the dataset runs in this process.
+    match env {
+        EnvSource::Builtin(EnvSpec {
+            env: EnvConfig::Dataset(d),
+            ..
+        }) => Some(DatasetTaskConfig::clone(d)),
+        _ => None,
+    }
+}
+
+/// `[sandbox]` when the dataset task `data` scores code, checked against the step deadline.
+fn sandbox_plan(
+    c: &TrainConfig,
+    data: Option<&DatasetTaskConfig>,
+) -> Result<Option<rollflash_sandbox::SandboxConfig>, PlanError> {
+    let sandbox = data
+        .filter(|d| d.reward == rollflash_env::envs::dataset_task::DatasetReward::Code)
+        .map(|_| c.sandbox.clone());
+    if let Some(sb) = &sandbox {
+        // An environment step that scores code waits for its execution; a step deadline
+        // shorter than one execution's would fail every slow program as a step timeout.
+        let need = sb.execution_deadline().as_secs_f64();
+        let r = &c.rollout;
+        if r.step_timeout_secs <= need {
+            return Err(ConfigError::Field {
+                field: "rollout.step_timeout_secs".into(),
+                reason: format!(
+                    "{} s would end a step before its code execution's own deadline, \
+                     {need} s (sandbox.wall_secs, plus remote_margin_secs for a remote \
+                     sandbox); raise it or lower those",
+                    r.step_timeout_secs
+                ),
+            }
+            .into());
+        }
+    }
+    Ok(sandbox)
+}
+
+/// Refuses a dataset task `data` with more attempts than `rollout.max_turns`.
+fn check_attempts_fit_turns(
+    r: &RolloutSection,
+    data: Option<&DatasetTaskConfig>,
+) -> Result<(), PlanError> {
+    if let Some(d) = data.filter(|d| d.attempts > r.max_turns) {
+        // Each attempt is a model turn: fewer turns would cut every episode that needs
+        // its later attempts, and train on it as if the task had ended.
+        return Err(ConfigError::Field {
+            field: "rollout.max_turns".into(),
+            reason: format!(
+                "{} is fewer than env.attempts = {} (each attempt is a turn)",
+                r.max_turns, d.attempts
+            ),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Held-out evaluation: `[train]`'s, with mid-run evaluation only where the weights are
+/// local.
+fn eval_plan(c: &TrainConfig, trainer: &TrainerPlan) -> EvalPlan {
+    // A Tinker learner's weights live on its server: no local copy to evaluate mid-run.
+    let eval_every = match trainer {
+        TrainerPlan::Tinker(_) => 0,
+        _ if c.train.eval_problems == 0 => 0,
+        _ => c.train.eval_every,
+    };
+    EvalPlan {
+        problems: c.train.eval_problems,
+        samples: c.train.eval_samples,
+        temperature: c.rollout.temperature,
+        every: eval_every,
+    }
+}
+
+/// Where the run writes: `output_dir`, `[checkpoint]`, `[metrics]`.
+fn output_plan(c: &TrainConfig) -> OutputPlan {
+    OutputPlan {
+        dir: c.output_dir.clone(),
+        checkpoint: CheckpointPlan {
+            every: c.checkpoint.every,
+            keep: c.checkpoint.keep,
+            on_error: c.checkpoint.on_error,
+            save_final: c.checkpoint.save_final,
+        },
+        metrics: MetricsPlan {
+            progress: c.metrics.progress,
+            tensorboard: c.metrics.tensorboard,
+            report: c.metrics.report,
+            prometheus: c.metrics.prometheus,
+        },
     }
 }
 
