@@ -296,146 +296,18 @@ impl TrainConfig {
             .validate()
             .map_err(|e| field(&format!("reward.python.{}", e.field), e.reason))?;
         self.learner.validate(self)?;
-        check_key(
-            "dashboard",
-            &self.dashboard.api_key,
-            &self.dashboard.api_key_env,
-        )?;
-        let mb = self.dashboard.trajectories_max_mb;
-        if !(mb >= 0.0) || !mb.is_finite() {
-            return Err(field(
-                "dashboard.trajectories_max_mb",
-                "must be a number of MB ≥ 0 (0: no cap)",
-            ));
-        }
+        validate_dashboard(&self.dashboard)?;
         self.env.validate()?;
-        let r = &self.rollout;
-        if r.engines == 0 && r.servers.is_empty() {
-            return Err(field(
-                "rollout.engines",
-                "must be at least 1 when there are no [[rollout.servers]]",
-            ));
-        }
-        for (i, srv) in r.servers.iter().enumerate() {
-            srv.validate(i)?;
-            if let Some(j) = r.servers[..i].iter().position(|o| o.url == srv.url) {
-                return Err(field(
-                    &format!("rollout.servers[{i}].url"),
-                    format!("{} is also rollout.servers[{j}]", srv.url),
-                ));
-            }
-        }
-        for (name, v) in [
-            (
-                "rollout.weight_sync_timeout_secs",
-                r.weight_sync_timeout_secs,
-            ),
-            (
-                "rollout.server_check_timeout_secs",
-                r.server_check_timeout_secs,
-            ),
-        ] {
-            check_timeout(name, v)?;
-        }
-        if r.engine_threads == Threads::Fixed(0) {
-            return Err(field(
-                "rollout.engine_threads",
-                "must be at least 1 (or \"auto\")",
-            ));
-        }
-        if r.max_running_requests == 0 {
-            return Err(field("rollout.max_running_requests", "must be at least 1"));
-        }
-        if !(r.temperature > 0.0) || !r.temperature.is_finite() {
-            return Err(field(
-                "rollout.temperature",
-                "must be > 0 for RL (sampling, not greedy)",
-            ));
-        }
-        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
-            return Err(field("rollout.top_p", "must be in (0, 1]"));
-        }
-        if r.max_new_tokens == 0 {
-            return Err(field("rollout.max_new_tokens", "must be at least 1"));
-        }
-        if r.max_turns == 0 {
-            return Err(field("rollout.max_turns", "must be at least 1"));
-        }
-        if r.max_total_tokens <= r.max_new_tokens.min(8) {
-            return Err(field(
-                "rollout.max_total_tokens",
-                "leaves no room to generate",
-            ));
-        }
-        check_timeout("rollout.step_timeout_secs", r.step_timeout_secs)?;
-        check_timeout("rollout.request_timeout_secs", r.request_timeout_secs)?;
-        let c = &self.controller;
-        check_timeout("controller.serve_timeout_secs", c.serve_timeout_secs)?;
-        check_timeout("controller.progress_timeout_secs", c.progress_timeout_secs)?;
-        if !(c.stall_report_secs >= 0.0) || !(c.stall_report_secs <= MAX_TIMEOUT_SECS) {
-            return Err(field(
-                "controller.stall_report_secs",
-                "must be >= 0 (0 = never) and at most a year (3.2e7)",
-            ));
-        }
-        let t = &self.train;
-        if t.steps == 0 {
-            return Err(field("train.steps", "must be at least 1"));
-        }
-        if let Some(l) = &t.lora {
-            l.validate("train.lora").map_err(|e| match e {
-                rollflash_model::ModelError::Config { field: f, reason } => field(&f, reason),
-                other => field("train.lora", other.to_string()),
-            })?;
-        }
-        if !(t.lr > 0.0) || !t.lr.is_finite() {
-            return Err(field("train.lr", "must be > 0"));
-        }
-        if t.threads == Threads::Fixed(0) {
-            return Err(field("train.threads", "must be at least 1 (or \"auto\")"));
-        }
-        for (name, b) in [
-            ("train.adam_beta1", t.adam_beta1),
-            ("train.adam_beta2", t.adam_beta2),
-        ] {
-            if !(0.0..1.0).contains(&b) {
-                return Err(field(name, "must be in [0, 1)"));
-            }
-        }
-        if !(t.adam_eps > 0.0) || !t.adam_eps.is_finite() {
-            return Err(field("train.adam_eps", "must be > 0"));
-        }
-        if !(t.max_grad_norm > 0.0) {
-            return Err(field("train.max_grad_norm", "must be > 0"));
-        }
-        t.loss.validate().map_err(|source| ConfigError::Train {
-            section: "train.loss",
-            source,
-        })?;
-        t.advantage
-            .validate()
-            .map_err(|source| ConfigError::Train {
-                section: "train.advantage",
-                source,
-            })?;
+        validate_rollout(&self.rollout)?;
+        validate_controller(&self.controller)?;
+        validate_train(&self.train)?;
         self.shaping_resolved()
             .validate()
             .map_err(|source| ConfigError::Train {
                 section: "train",
                 source,
             })?;
-        if self.warmup.steps > 0 && self.warmup.batch_size == 0 {
-            return Err(field("warmup.batch_size", "must be at least 1"));
-        }
-        if self.warmup.steps > 0 && !(self.warmup.lr > 0.0) {
-            return Err(field("warmup.lr", "must be > 0"));
-        }
-        if !(0.0..=1.0).contains(&self.warmup.unmarked_fraction) {
-            return Err(field("warmup.unmarked_fraction", "must be in [0, 1]"));
-        }
-        if !(0.0..=1.0).contains(&self.warmup.random_move_prob) {
-            return Err(field("warmup.random_move_prob", "must be in [0, 1]"));
-        }
+        validate_warmup(&self.warmup)?;
         self.checkpoint.validate()?;
         if self.model.device == DeviceSpec::Cpu && self.model.dtype != DTypeSpec::F32 {
             return Err(field(
@@ -451,6 +323,158 @@ impl TrainConfig {
         }
         Ok(())
     }
+}
+
+/// `[dashboard]`'s checks serde cannot make.
+fn validate_dashboard(d: &DashboardSection) -> Result<(), ConfigError> {
+    check_key("dashboard", &d.api_key, &d.api_key_env)?;
+    let mb = d.trajectories_max_mb;
+    if !(mb >= 0.0) || !mb.is_finite() {
+        return Err(field(
+            "dashboard.trajectories_max_mb",
+            "must be a number of MB ≥ 0 (0: no cap)",
+        ));
+    }
+    Ok(())
+}
+
+/// `[rollout]`'s checks serde cannot make, its servers' included.
+fn validate_rollout(r: &RolloutSection) -> Result<(), ConfigError> {
+    if r.engines == 0 && r.servers.is_empty() {
+        return Err(field(
+            "rollout.engines",
+            "must be at least 1 when there are no [[rollout.servers]]",
+        ));
+    }
+    for (i, srv) in r.servers.iter().enumerate() {
+        srv.validate(i)?;
+        if let Some(j) = r.servers[..i].iter().position(|o| o.url == srv.url) {
+            return Err(field(
+                &format!("rollout.servers[{i}].url"),
+                format!("{} is also rollout.servers[{j}]", srv.url),
+            ));
+        }
+    }
+    for (name, v) in [
+        (
+            "rollout.weight_sync_timeout_secs",
+            r.weight_sync_timeout_secs,
+        ),
+        (
+            "rollout.server_check_timeout_secs",
+            r.server_check_timeout_secs,
+        ),
+    ] {
+        check_timeout(name, v)?;
+    }
+    if r.engine_threads == Threads::Fixed(0) {
+        return Err(field(
+            "rollout.engine_threads",
+            "must be at least 1 (or \"auto\")",
+        ));
+    }
+    if r.max_running_requests == 0 {
+        return Err(field("rollout.max_running_requests", "must be at least 1"));
+    }
+    if !(r.temperature > 0.0) || !r.temperature.is_finite() {
+        return Err(field(
+            "rollout.temperature",
+            "must be > 0 for RL (sampling, not greedy)",
+        ));
+    }
+    if !(r.top_p > 0.0 && r.top_p <= 1.0) {
+        return Err(field("rollout.top_p", "must be in (0, 1]"));
+    }
+    if r.max_new_tokens == 0 {
+        return Err(field("rollout.max_new_tokens", "must be at least 1"));
+    }
+    if r.max_turns == 0 {
+        return Err(field("rollout.max_turns", "must be at least 1"));
+    }
+    if r.max_total_tokens <= r.max_new_tokens.min(8) {
+        return Err(field(
+            "rollout.max_total_tokens",
+            "leaves no room to generate",
+        ));
+    }
+    check_timeout("rollout.step_timeout_secs", r.step_timeout_secs)?;
+    check_timeout("rollout.request_timeout_secs", r.request_timeout_secs)?;
+    Ok(())
+}
+
+/// `[controller]`'s checks serde cannot make.
+fn validate_controller(c: &ControllerSection) -> Result<(), ConfigError> {
+    check_timeout("controller.serve_timeout_secs", c.serve_timeout_secs)?;
+    check_timeout("controller.progress_timeout_secs", c.progress_timeout_secs)?;
+    if !(c.stall_report_secs >= 0.0) || !(c.stall_report_secs <= MAX_TIMEOUT_SECS) {
+        return Err(field(
+            "controller.stall_report_secs",
+            "must be >= 0 (0 = never) and at most a year (3.2e7)",
+        ));
+    }
+    Ok(())
+}
+
+/// `[train]`'s checks serde cannot make, but the shaping's (whose defaults depend on
+/// `[rollout]`: `TrainConfig::validate` checks it after this).
+fn validate_train(t: &TrainSection) -> Result<(), ConfigError> {
+    if t.steps == 0 {
+        return Err(field("train.steps", "must be at least 1"));
+    }
+    if let Some(l) = &t.lora {
+        l.validate("train.lora").map_err(|e| match e {
+            rollflash_model::ModelError::Config { field: f, reason } => field(&f, reason),
+            other => field("train.lora", other.to_string()),
+        })?;
+    }
+    if !(t.lr > 0.0) || !t.lr.is_finite() {
+        return Err(field("train.lr", "must be > 0"));
+    }
+    if t.threads == Threads::Fixed(0) {
+        return Err(field("train.threads", "must be at least 1 (or \"auto\")"));
+    }
+    for (name, b) in [
+        ("train.adam_beta1", t.adam_beta1),
+        ("train.adam_beta2", t.adam_beta2),
+    ] {
+        if !(0.0..1.0).contains(&b) {
+            return Err(field(name, "must be in [0, 1)"));
+        }
+    }
+    if !(t.adam_eps > 0.0) || !t.adam_eps.is_finite() {
+        return Err(field("train.adam_eps", "must be > 0"));
+    }
+    if !(t.max_grad_norm > 0.0) {
+        return Err(field("train.max_grad_norm", "must be > 0"));
+    }
+    t.loss.validate().map_err(|source| ConfigError::Train {
+        section: "train.loss",
+        source,
+    })?;
+    t.advantage
+        .validate()
+        .map_err(|source| ConfigError::Train {
+            section: "train.advantage",
+            source,
+        })?;
+    Ok(())
+}
+
+/// `[warmup]`'s checks serde cannot make.
+fn validate_warmup(w: &WarmupSection) -> Result<(), ConfigError> {
+    if w.steps > 0 && w.batch_size == 0 {
+        return Err(field("warmup.batch_size", "must be at least 1"));
+    }
+    if w.steps > 0 && !(w.lr > 0.0) {
+        return Err(field("warmup.lr", "must be > 0"));
+    }
+    if !(0.0..=1.0).contains(&w.unmarked_fraction) {
+        return Err(field("warmup.unmarked_fraction", "must be in [0, 1]"));
+    }
+    if !(0.0..=1.0).contains(&w.random_move_prob) {
+        return Err(field("warmup.random_move_prob", "must be in [0, 1]"));
+    }
+    Ok(())
 }
 
 /// Deep-merges `over` into `base`: tables merge key by key, anything else replaces.
