@@ -398,134 +398,17 @@ impl Stack {
         hooks: &StackHooks,
     ) -> Result<Stack, StackError> {
         let snapshot = Arc::new(model.snapshot()?);
-        let publisher = match plan.weights_dir() {
-            Some(dir) => Some(Arc::new(
-                WeightPublisher::new(
-                    dir.clone(),
-                    PUBLISHED_KEPT,
-                    policy.model_cfg.clone(),
-                    Some(Arc::clone(&policy.tokenizer)),
-                )
-                .map_err(|e| StackError::Publish(Box::new(e)))?,
-            )),
-            None => None,
-        };
-        // A Tinker learner's versions reach every backend but the server's own samplers as
-        // the adapter the server exports, fetched once per version for all of them.
-        let tinker_adapters = match (plan.trainer(), plan.weights_dir()) {
-            (TrainerPlan::Tinker(t), Some(dir)) => Some(Arc::new(TinkerAdapters::new(
-                TinkerClient::new(t.client.clone()).map_err(|e| StackError::Server {
-                    url: t.client.base_url.clone(),
-                    problem: format!("cannot make a Tinker client: {e}"),
-                })?,
-                dir.clone(),
-                PUBLISHED_KEPT,
-                policy.model_cfg.vocab_size,
-            ))),
-            _ => None,
-        };
-        let tinker_route = || -> WeightRoute {
-            match &tinker_adapters {
-                Some(a) => WeightRoute::Disk(DiskWeights::tinker(Arc::clone(a))),
-                None => WeightRoute::Direct,
-            }
-        };
-        let mut backends = Vec::with_capacity(plan.backends().len());
-        let mut remotes = Vec::new();
-        for b in plan.backends() {
-            let (backend, route, max_running, update_timeout): (
-                Arc<dyn Backend>,
-                WeightRoute,
-                usize,
-                Option<std::time::Duration>,
-            ) = match b {
-                BackendPlan::Engine {
-                    name,
-                    threads,
-                    max_running_requests,
-                } => (
-                    Arc::new(engine(
-                        Arc::clone(&snapshot),
-                        version,
-                        name,
-                        *threads,
-                        *max_running_requests,
-                    )?),
-                    tinker_route(),
-                    *max_running_requests,
-                    None,
-                ),
-                BackendPlan::Remote {
-                    kind: ServerKind::Tinker,
-                    http,
-                    max_running_requests,
-                    model,
-                    weight_sync_timeout,
-                    ..
-                } => {
-                    // It loads the learner's `tinker://` paths itself: no weight route around it.
-                    let client = tinker_backend(
-                        http,
-                        model.as_deref(),
-                        version,
-                        policy,
-                        plan.server_check_timeout(),
-                    )?;
-                    remotes.push(Remote {
-                        kind: ServerKind::Tinker,
-                        http: http.clone(),
-                    });
-                    (
-                        client,
-                        WeightRoute::Direct,
-                        *max_running_requests,
-                        Some(*weight_sync_timeout),
-                    )
-                }
-                BackendPlan::Remote {
-                    kind,
-                    http,
-                    max_running_requests,
-                    weights,
-                    model,
-                    weight_sync_timeout,
-                } => {
-                    let mut http = http.clone();
-                    http.initial_version = version;
-                    let client = remote_backend(*kind, &http, model.as_deref(), *weights)?;
-                    remotes.push(Remote { kind: *kind, http });
-                    let route = match (weights, &publisher) {
-                        (ServerWeights::Disk, _) if tinker_adapters.is_some() => tinker_route(),
-                        (w, Some(p)) if w.sends_adapter(*kind, plan.lora().is_some()) => {
-                            WeightRoute::Disk(DiskWeights::adapter(
-                                Arc::clone(p),
-                                rollflash_rollout::AdapterProbe::default(),
-                            ))
-                        }
-                        (ServerWeights::Disk | ServerWeights::Merged, Some(p)) => {
-                            WeightRoute::Disk(DiskWeights::new(Arc::clone(p)))
-                        }
-                        _ => WeightRoute::Fixed { serves: version },
-                    };
-                    (
-                        client,
-                        route,
-                        *max_running_requests,
-                        Some(*weight_sync_timeout),
-                    )
-                }
-            };
-            let backend = match &hooks.wrap_backend {
-                Some(wrap) => wrap(backend),
-                None => backend,
-            };
-            backends.push(BackendEntry {
-                backend,
-                route,
-                max_running_requests: max_running,
-                update_timeout,
-            });
-        }
+        let publisher = weight_publisher(plan, policy)?;
+        let tinker_adapters = tinker_adapters(plan, policy)?;
+        let (backends, remotes) = backend_entries(
+            plan,
+            policy,
+            &snapshot,
+            version,
+            hooks,
+            publisher.as_ref(),
+            tinker_adapters.as_ref(),
+        )?;
         let proxy_cfg = rollflash_rollout::ProxyConfig {
             timeline: hooks.timeline.clone(),
             ..plan.proxy().clone()
@@ -665,6 +548,163 @@ impl Stack {
             Err(e) => Err(StackError::Proxy(Box::new(e))),
         }
     }
+}
+
+/// The publisher of each version's directory, when some backend loads from disk.
+fn weight_publisher(
+    plan: &RunPlan,
+    policy: &Policy,
+) -> Result<Option<Arc<WeightPublisher>>, StackError> {
+    Ok(match plan.weights_dir() {
+        Some(dir) => Some(Arc::new(
+            WeightPublisher::new(
+                dir.clone(),
+                PUBLISHED_KEPT,
+                policy.model_cfg.clone(),
+                Some(Arc::clone(&policy.tokenizer)),
+            )
+            .map_err(|e| StackError::Publish(Box::new(e)))?,
+        )),
+        None => None,
+    })
+}
+
+/// The adapters a Tinker learner exports, when some backend loads them from disk.
+fn tinker_adapters(
+    plan: &RunPlan,
+    policy: &Policy,
+) -> Result<Option<Arc<TinkerAdapters>>, StackError> {
+    // A Tinker learner's versions reach every backend but the server's own samplers as
+    // the adapter the server exports, fetched once per version for all of them.
+    Ok(match (plan.trainer(), plan.weights_dir()) {
+        (TrainerPlan::Tinker(t), Some(dir)) => Some(Arc::new(TinkerAdapters::new(
+            TinkerClient::new(t.client.clone()).map_err(|e| StackError::Server {
+                url: t.client.base_url.clone(),
+                problem: format!("cannot make a Tinker client: {e}"),
+            })?,
+            dir.clone(),
+            PUBLISHED_KEPT,
+            policy.model_cfg.vocab_size,
+        ))),
+        _ => None,
+    })
+}
+
+/// The proxy's backends, in the plan's order, each wrapped by `hooks` and given the route
+/// its new weights take (through `publisher` or `tinker_adapters`); and the servers among
+/// them, for the start-up checks.
+fn backend_entries(
+    plan: &RunPlan,
+    policy: &Policy,
+    snapshot: &Arc<rollflash_model::model::Transformer>,
+    version: PolicyVersion,
+    hooks: &StackHooks,
+    publisher: Option<&Arc<WeightPublisher>>,
+    tinker_adapters: Option<&Arc<TinkerAdapters>>,
+) -> Result<(Vec<BackendEntry>, Vec<Remote>), StackError> {
+    let tinker_route = || -> WeightRoute {
+        match tinker_adapters {
+            Some(a) => WeightRoute::Disk(DiskWeights::tinker(Arc::clone(a))),
+            None => WeightRoute::Direct,
+        }
+    };
+    let mut backends = Vec::with_capacity(plan.backends().len());
+    let mut remotes = Vec::new();
+    for b in plan.backends() {
+        let (backend, route, max_running, update_timeout): (
+            Arc<dyn Backend>,
+            WeightRoute,
+            usize,
+            Option<std::time::Duration>,
+        ) = match b {
+            BackendPlan::Engine {
+                name,
+                threads,
+                max_running_requests,
+            } => (
+                Arc::new(engine(
+                    Arc::clone(snapshot),
+                    version,
+                    name,
+                    *threads,
+                    *max_running_requests,
+                )?),
+                tinker_route(),
+                *max_running_requests,
+                None,
+            ),
+            BackendPlan::Remote {
+                kind: ServerKind::Tinker,
+                http,
+                max_running_requests,
+                model,
+                weight_sync_timeout,
+                ..
+            } => {
+                // It loads the learner's `tinker://` paths itself: no weight route around it.
+                let client = tinker_backend(
+                    http,
+                    model.as_deref(),
+                    version,
+                    policy,
+                    plan.server_check_timeout(),
+                )?;
+                remotes.push(Remote {
+                    kind: ServerKind::Tinker,
+                    http: http.clone(),
+                });
+                (
+                    client,
+                    WeightRoute::Direct,
+                    *max_running_requests,
+                    Some(*weight_sync_timeout),
+                )
+            }
+            BackendPlan::Remote {
+                kind,
+                http,
+                max_running_requests,
+                weights,
+                model,
+                weight_sync_timeout,
+            } => {
+                let mut http = http.clone();
+                http.initial_version = version;
+                let client = remote_backend(*kind, &http, model.as_deref(), *weights)?;
+                remotes.push(Remote { kind: *kind, http });
+                let route = match (weights, publisher) {
+                    (ServerWeights::Disk, _) if tinker_adapters.is_some() => tinker_route(),
+                    (w, Some(p)) if w.sends_adapter(*kind, plan.lora().is_some()) => {
+                        WeightRoute::Disk(DiskWeights::adapter(
+                            Arc::clone(p),
+                            rollflash_rollout::AdapterProbe::default(),
+                        ))
+                    }
+                    (ServerWeights::Disk | ServerWeights::Merged, Some(p)) => {
+                        WeightRoute::Disk(DiskWeights::new(Arc::clone(p)))
+                    }
+                    _ => WeightRoute::Fixed { serves: version },
+                };
+                (
+                    client,
+                    route,
+                    *max_running_requests,
+                    Some(*weight_sync_timeout),
+                )
+            }
+        };
+        let backend = match &hooks.wrap_backend {
+            Some(wrap) => wrap(backend),
+            None => backend,
+        };
+        backends.push(BackendEntry {
+            backend,
+            route,
+            max_running_requests: max_running,
+            update_timeout,
+        });
+    }
+    Ok((backends, remotes))
 }
 
 /// How many published versions stay on disk: the newest, and the one before it (servers
