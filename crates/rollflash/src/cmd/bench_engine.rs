@@ -93,9 +93,25 @@ pub fn run(a: BenchArgs) -> Result<()> {
         &cfg, &weights, dtype, &device,
     )?);
     let vocab = cfg.vocab_size as u32;
+    bench_decode(&a, &model, vocab)?;
+
+    drop(model);
+    let trainable = trainable_model(a.lora_rank, &cfg, &weights, dtype, &device)?;
+    // The caller's copy is not needed once the trainable model holds its own.
+    drop(weights);
+    bench_train(&a, trainable, vocab)
+}
+
+/// Decode and prefill throughput at each `--batch` size (none with `--no-decode`), on
+/// engines serving `model`.
+fn bench_decode(
+    a: &BenchArgs,
+    model: &Arc<rollflash_model::model::Transformer>,
+    vocab: u32,
+) -> Result<()> {
     let new_engine = |b: usize| -> Result<Engine> {
         Ok(Engine::new(
-            Arc::clone(&model),
+            Arc::clone(model),
             PolicyVersion(0),
             EngineConfig {
                 max_running_requests: b,
@@ -169,21 +185,33 @@ pub fn run(a: BenchArgs) -> Result<()> {
             tokens / runs
         );
     }
+    Ok(())
+}
 
-    drop(model);
-    let trainable = match a.lora_rank {
-        0 => TrainableModel::new(&cfg, &weights, dtype, &device)?,
+/// The model `--lora-rank` trains: every weight (0), or LoRA adapters on frozen `weights`.
+fn trainable_model(
+    lora_rank: usize,
+    cfg: &ModelConfig,
+    weights: &Weights,
+    dtype: candle_core::DType,
+    device: &candle_core::Device,
+) -> Result<TrainableModel> {
+    Ok(match lora_rank {
+        0 => TrainableModel::new(cfg, weights, dtype, device)?,
         r => {
             let lora = rollflash_model::lora::LoraConfig {
                 rank: r,
                 alpha: 2.0 * r as f64,
                 ..Default::default()
             };
-            TrainableModel::with_lora(&cfg, &weights, &lora, None, 0, dtype, &device)?
+            TrainableModel::with_lora(cfg, weights, &lora, None, 0, dtype, device)?
         }
-    };
-    // The caller's copy is not needed once the trainable model holds its own.
-    drop(weights);
+    })
+}
+
+/// Training throughput and memory: `--train-steps` timed steps (forward, backward, AdamW)
+/// of `trainable` after an untimed one; first the log-probs to `--logprobs-out`, if asked.
+fn bench_train(a: &BenchArgs, trainable: TrainableModel, vocab: u32) -> Result<()> {
     let trained: usize = trainable
         .vars()
         .iter()
