@@ -541,13 +541,6 @@ fn lex(input: &str, g: Grammar) -> Result<(Vec<Token>, Vec<String>), ExprError> 
     let chars: Vec<char> = input.chars().collect();
     let mut out = Vec::new();
     let mut names: Vec<String> = Vec::new();
-    let var = |name: String, names: &mut Vec<String>| -> Tok {
-        let i = names.iter().position(|n| *n == name).unwrap_or_else(|| {
-            names.push(name);
-            names.len() - 1
-        });
-        Tok::Var(i)
-    };
     let mut i = 0;
     let unexpected = |pos: usize, found: String| ExprError::Unexpected { pos, found };
     while i < chars.len() {
@@ -593,143 +586,190 @@ fn lex(input: &str, g: Grammar) -> Result<(Vec<Token>, Vec<String>), ExprError> 
             continue;
         }
         if c.is_ascii_digit() || (c == '.' && g.decimals) {
-            let mut j = i;
-            while j < chars.len() && chars[j].is_ascii_digit() {
-                j += 1;
-            }
-            let int_end = j;
-            let mut frac_end = j;
-            if g.decimals && j < chars.len() && chars[j] == '.' {
-                frac_end = j + 1;
-                while frac_end < chars.len() && chars[frac_end].is_ascii_digit() {
-                    frac_end += 1;
-                }
-            }
-            if int_end == i && frac_end <= int_end + 1 {
-                return Err(unexpected(start, c.to_string()));
-            }
-            let int_part: String = chars[i..int_end].iter().collect();
-            let frac_part: String = if frac_end > int_end {
-                chars[int_end + 1..frac_end].iter().collect()
-            } else {
-                String::new()
-            };
-            let mut value = parse_decimal(&int_part, &frac_part)?;
-            let mut end = frac_end;
-            // E-notation: `1.5e3`, `2.5E-4` (an `e` followed by digits, else a variable).
-            if g.decimals && matches!(chars.get(end), Some('e' | 'E')) {
-                let mut k = end + 1;
-                let neg = chars.get(k) == Some(&'-');
-                if matches!(chars.get(k), Some('-' | '+')) {
-                    k += 1;
-                }
-                let digits_start = k;
-                while k < chars.len() && chars[k].is_ascii_digit() && k - digits_start < 4 {
-                    k += 1;
-                }
-                if k > digits_start && !chars.get(k).is_some_and(char::is_ascii_digit) {
-                    let e: String = chars[digits_start..k].iter().collect();
-                    let e: i128 = e.parse().map_err(|_| ExprError::NonFinite)?;
-                    let scale = Number::Exact(Rational::int(10))
-                        .pow(Number::Exact(Rational::int(if neg { -e } else { e })))?;
-                    value = value.mul(scale)?;
-                    end = k;
-                }
-            }
-            out.push(Token {
-                tok: Tok::Num(value),
-                pos: start,
-            });
+            let (tok, end) = lex_number(&chars, i, g)?;
+            out.push(tok);
             i = end;
             continue;
         }
         if g.symbols && c.is_ascii_alphabetic() {
-            let mut j = i;
-            while j < chars.len() && chars[j].is_ascii_alphabetic() {
-                j += 1;
-            }
-            let word: String = chars[i..j].iter().collect();
-            i = j;
-            match word.as_str() {
-                "sqrt" => out.push(Token {
-                    tok: Tok::Sqrt,
-                    pos: start,
-                }),
-                "log" => out.push(Token {
-                    tok: Tok::Log,
-                    pos: start,
-                }),
-                "ln" => out.push(Token {
-                    tok: Tok::Ln,
-                    pos: start,
-                }),
-                "pi" => out.push(Token {
-                    tok: Tok::Pi,
-                    pos: start,
-                }),
-                // Two letters or fewer are a product of one-letter variables (`ab`, `xy`);
-                // a longer word is one name, so `yes` and `sey` stay apart.
-                w if w.len() <= 2 => {
-                    for (k, ch) in w.chars().enumerate() {
-                        let tok = var(ch.to_string(), &mut names);
-                        out.push(Token {
-                            tok,
-                            pos: start + k,
-                        });
-                    }
-                }
-                w => {
-                    let tok = var(w.to_string(), &mut names);
-                    out.push(Token { tok, pos: start });
-                }
-            }
+            i = lex_word(&chars, i, &mut out, &mut names);
             continue;
         }
         if c == '\\' && g.latex {
-            let mut j = i + 1;
-            while j < chars.len() && chars[j].is_ascii_alphabetic() {
-                j += 1;
-            }
-            let name: String = chars[i + 1..j].iter().collect();
-            let tok = match name.as_str() {
-                "frac" | "dfrac" | "tfrac" => Tok::Frac,
-                "sqrt" => Tok::Sqrt,
-                "pi" => Tok::Pi,
-                "cdot" | "times" => Tok::Star,
-                "div" => Tok::Slash,
-                "binom" | "dbinom" | "tbinom" if g.symbols => Tok::Binom,
-                "log" if g.symbols => Tok::Log,
-                "ln" if g.symbols => Tok::Ln,
-                n if g.symbols && GREEK.contains(&n) => var(format!("\\{n}"), &mut names),
-                _ => return Err(unexpected(start, format!("\\{name}"))),
-            };
-            out.push(Token { tok, pos: start });
-            i = j;
-            if tok == Tok::Frac {
-                // `\frac12` means `\frac{1}{2}`: LaTeX takes a single character as an argument,
-                // so unbraced digits right after `\frac` are separate one-digit arguments.
-                for _ in 0..2 {
-                    while i < chars.len() && chars[i] == ' ' {
-                        i += 1;
-                    }
-                    match chars.get(i) {
-                        Some(d) if d.is_ascii_digit() => {
-                            let v = i128::from(d.to_digit(10).unwrap_or(0));
-                            out.push(Token {
-                                tok: Tok::Num(Number::Exact(Rational::int(v))),
-                                pos: i,
-                            });
-                            i += 1;
-                        }
-                        _ => break,
-                    }
-                }
-            }
+            i = lex_command(&chars, i, g, &mut out, &mut names)?;
             continue;
         }
         return Err(unexpected(start, c.to_string()));
     }
     Ok((out, names))
+}
+
+/// The variable `name`: its index in `names`, where it is added the first time.
+fn var_token(name: String, names: &mut Vec<String>) -> Tok {
+    let i = names.iter().position(|n| *n == name).unwrap_or_else(|| {
+        names.push(name);
+        names.len() - 1
+    });
+    Tok::Var(i)
+}
+
+/// The number starting at `i` (digits, a decimal part, an exponent, as `g` allows), and
+/// where it ends.
+fn lex_number(chars: &[char], i: usize, g: Grammar) -> Result<(Token, usize), ExprError> {
+    let mut j = i;
+    while j < chars.len() && chars[j].is_ascii_digit() {
+        j += 1;
+    }
+    let int_end = j;
+    let mut frac_end = j;
+    if g.decimals && j < chars.len() && chars[j] == '.' {
+        frac_end = j + 1;
+        while frac_end < chars.len() && chars[frac_end].is_ascii_digit() {
+            frac_end += 1;
+        }
+    }
+    if int_end == i && frac_end <= int_end + 1 {
+        return Err(ExprError::Unexpected {
+            pos: i,
+            found: chars[i].to_string(),
+        });
+    }
+    let int_part: String = chars[i..int_end].iter().collect();
+    let frac_part: String = if frac_end > int_end {
+        chars[int_end + 1..frac_end].iter().collect()
+    } else {
+        String::new()
+    };
+    let mut value = parse_decimal(&int_part, &frac_part)?;
+    let mut end = frac_end;
+    // E-notation: `1.5e3`, `2.5E-4` (an `e` followed by digits, else a variable).
+    if g.decimals && matches!(chars.get(end), Some('e' | 'E')) {
+        let mut k = end + 1;
+        let neg = chars.get(k) == Some(&'-');
+        if matches!(chars.get(k), Some('-' | '+')) {
+            k += 1;
+        }
+        let digits_start = k;
+        while k < chars.len() && chars[k].is_ascii_digit() && k - digits_start < 4 {
+            k += 1;
+        }
+        if k > digits_start && !chars.get(k).is_some_and(char::is_ascii_digit) {
+            let e: String = chars[digits_start..k].iter().collect();
+            let e: i128 = e.parse().map_err(|_| ExprError::NonFinite)?;
+            let scale = Number::Exact(Rational::int(10))
+                .pow(Number::Exact(Rational::int(if neg { -e } else { e })))?;
+            value = value.mul(scale)?;
+            end = k;
+        }
+    }
+    Ok((
+        Token {
+            tok: Tok::Num(value),
+            pos: i,
+        },
+        end,
+    ))
+}
+
+/// The word starting at `start` (`g.symbols`): a function's name, `pi`, or variables,
+/// pushed to `out`. Returns where it ends.
+fn lex_word(chars: &[char], start: usize, out: &mut Vec<Token>, names: &mut Vec<String>) -> usize {
+    let mut j = start;
+    while j < chars.len() && chars[j].is_ascii_alphabetic() {
+        j += 1;
+    }
+    let word: String = chars[start..j].iter().collect();
+    match word.as_str() {
+        "sqrt" => out.push(Token {
+            tok: Tok::Sqrt,
+            pos: start,
+        }),
+        "log" => out.push(Token {
+            tok: Tok::Log,
+            pos: start,
+        }),
+        "ln" => out.push(Token {
+            tok: Tok::Ln,
+            pos: start,
+        }),
+        "pi" => out.push(Token {
+            tok: Tok::Pi,
+            pos: start,
+        }),
+        // Two letters or fewer are a product of one-letter variables (`ab`, `xy`);
+        // a longer word is one name, so `yes` and `sey` stay apart.
+        w if w.len() <= 2 => {
+            for (k, ch) in w.chars().enumerate() {
+                let tok = var_token(ch.to_string(), names);
+                out.push(Token {
+                    tok,
+                    pos: start + k,
+                });
+            }
+        }
+        w => {
+            let tok = var_token(w.to_string(), names);
+            out.push(Token { tok, pos: start });
+        }
+    }
+    j
+}
+
+/// The LaTeX command whose backslash is at `start` (`g.latex`), with `\frac`'s unbraced
+/// one-digit arguments, pushed to `out`. Returns where it ends.
+fn lex_command(
+    chars: &[char],
+    start: usize,
+    g: Grammar,
+    out: &mut Vec<Token>,
+    names: &mut Vec<String>,
+) -> Result<usize, ExprError> {
+    let mut i = start;
+    let mut j = i + 1;
+    while j < chars.len() && chars[j].is_ascii_alphabetic() {
+        j += 1;
+    }
+    let name: String = chars[i + 1..j].iter().collect();
+    let tok = match name.as_str() {
+        "frac" | "dfrac" | "tfrac" => Tok::Frac,
+        "sqrt" => Tok::Sqrt,
+        "pi" => Tok::Pi,
+        "cdot" | "times" => Tok::Star,
+        "div" => Tok::Slash,
+        "binom" | "dbinom" | "tbinom" if g.symbols => Tok::Binom,
+        "log" if g.symbols => Tok::Log,
+        "ln" if g.symbols => Tok::Ln,
+        n if g.symbols && GREEK.contains(&n) => var_token(format!("\\{n}"), names),
+        _ => {
+            return Err(ExprError::Unexpected {
+                pos: start,
+                found: format!("\\{name}"),
+            })
+        }
+    };
+    out.push(Token { tok, pos: start });
+    i = j;
+    if tok == Tok::Frac {
+        // `\frac12` means `\frac{1}{2}`: LaTeX takes a single character as an argument,
+        // so unbraced digits right after `\frac` are separate one-digit arguments.
+        for _ in 0..2 {
+            while i < chars.len() && chars[i] == ' ' {
+                i += 1;
+            }
+            match chars.get(i) {
+                Some(d) if d.is_ascii_digit() => {
+                    let v = i128::from(d.to_digit(10).unwrap_or(0));
+                    out.push(Token {
+                        tok: Tok::Num(Number::Exact(Rational::int(v))),
+                        pos: i,
+                    });
+                    i += 1;
+                }
+                _ => break,
+            }
+        }
+    }
+    Ok(i)
 }
 
 /// `n!` for an exact integer `0 <= n <= 33`.
