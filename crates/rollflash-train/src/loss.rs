@@ -837,66 +837,8 @@ fn pg_term(batch: &Batch<'_>, cfg: &LossConfig, seq_scores: Option<&[f64]>) -> R
                 capped: none,
             })
         }
-        PgVariant::Topr => {
-            let (_, ratio) = batch.token_ratio()?;
-            let positive: Vec<bool> = match seq_scores {
-                Some(scores) => {
-                    batch.layout.check_seqs("seq_scores", scores.len())?;
-                    batch
-                        .layout
-                        .seq_ids()
-                        .iter()
-                        .map(|&i| scores[i as usize] > 0.0)
-                        .collect()
-                }
-                None => batch.adv.iter().map(|&a| a > 0.0).collect(),
-            };
-            let coef: Vec<f64> = (0..n)
-                .map(|t| {
-                    if positive[t] {
-                        -cfg.topr_positive_weight * batch.adv[t]
-                    } else {
-                        -cfg.topr_negative_weight * ratio[t].clamp(0.0, 1.0) * batch.adv[t]
-                    }
-                })
-                .collect();
-            let clipped = (0..n)
-                .map(|t| valid(t) && !positive[t] && ratio[t] > 1.0)
-                .collect();
-            Ok(PgTerm {
-                loss_tok: batch.linear(&coef)?,
-                ratio,
-                clipped,
-                dual_clipped: none.clone(),
-                capped: none,
-            })
-        }
-        PgVariant::Cispo => {
-            let (_, ratio) = batch.token_ratio()?;
-            let (lo, hi) = (1.0 - cfg.cispo_clip_low, 1.0 + cfg.cispo_clip_high);
-            let coef: Vec<f64> = (0..n)
-                .map(|t| {
-                    let (r, a) = (ratio[t], batch.adv[t]);
-                    let dropped =
-                        cfg.cispo_unified_mask && ((a > 0.0 && r > hi) || (a < 0.0 && r < lo));
-                    if dropped {
-                        0.0
-                    } else {
-                        -r.clamp(lo, hi) * a
-                    }
-                })
-                .collect();
-            let clipped = (0..n)
-                .map(|t| valid(t) && (ratio[t] < lo || ratio[t] > hi))
-                .collect();
-            Ok(PgTerm {
-                loss_tok: batch.linear(&coef)?,
-                ratio,
-                clipped,
-                dual_clipped: none.clone(),
-                capped: none,
-            })
-        }
+        PgVariant::Topr => topr_term(batch, cfg, seq_scores),
+        PgVariant::Cispo => cispo_term(batch, cfg),
         PgVariant::Kimi15 => {
             let (_, ratio) = batch.token_ratio()?;
             let coef: Vec<f64> = batch.adv.iter().map(|a| -a).collect();
@@ -928,44 +870,121 @@ fn pg_term(batch: &Batch<'_>, cfg: &LossConfig, seq_scores: Option<&[f64]>) -> R
                 capped: none,
             })
         }
-        PgVariant::DecoupledPpo => {
-            let (ratio, ratio_val) = batch.token_ratio()?;
-            let (loss_tok, clipped, dual_clipped) = clipped_surrogate(
-                batch,
-                &ratio,
-                &ratio_val,
-                cfg.clip_low,
-                cfg.clip_high,
-                cfg.dual_clip,
-            )?;
-            let (weight, capped) = match &cfg.rejection_sampling {
-                Some(rs) => rs.weights(&batch.old, &batch.behav, &batch.mask, batch.layout),
-                None => {
-                    let mut capped = vec![false; n];
-                    let weight = (0..n)
-                        .map(|t| {
-                            let w = (batch.old[t] - batch.behav[t]).exp();
-                            match cfg.behav_imp_weight_cap {
-                                Some(cap) if w > cap => {
-                                    capped[t] = valid(t);
-                                    0.0
-                                }
-                                _ => w * batch.mask[t],
-                            }
-                        })
-                        .collect();
-                    (weight, capped)
-                }
-            };
-            Ok(PgTerm {
-                loss_tok: loss_tok.mul(&batch.tensor(&weight)?)?,
-                ratio: ratio_val,
-                clipped,
-                dual_clipped,
-                capped,
-            })
-        }
+        PgVariant::DecoupledPpo => decoupled_ppo_term(batch, cfg),
     }
+}
+
+/// [`PgVariant::Topr`]'s term: positive samples (by `seq_scores`, else by each token's
+/// advantage) with `w₊`, the others with `w₋` and their ratio truncated to `[0, 1]`.
+fn topr_term(batch: &Batch<'_>, cfg: &LossConfig, seq_scores: Option<&[f64]>) -> Result<PgTerm> {
+    let n = batch.lp_val.len();
+    let none = vec![false; n];
+    let valid = |t: usize| batch.mask[t] > 0.0;
+    let (_, ratio) = batch.token_ratio()?;
+    let positive: Vec<bool> = match seq_scores {
+        Some(scores) => {
+            batch.layout.check_seqs("seq_scores", scores.len())?;
+            batch
+                .layout
+                .seq_ids()
+                .iter()
+                .map(|&i| scores[i as usize] > 0.0)
+                .collect()
+        }
+        None => batch.adv.iter().map(|&a| a > 0.0).collect(),
+    };
+    let coef: Vec<f64> = (0..n)
+        .map(|t| {
+            if positive[t] {
+                -cfg.topr_positive_weight * batch.adv[t]
+            } else {
+                -cfg.topr_negative_weight * ratio[t].clamp(0.0, 1.0) * batch.adv[t]
+            }
+        })
+        .collect();
+    let clipped = (0..n)
+        .map(|t| valid(t) && !positive[t] && ratio[t] > 1.0)
+        .collect();
+    Ok(PgTerm {
+        loss_tok: batch.linear(&coef)?,
+        ratio,
+        clipped,
+        dual_clipped: none.clone(),
+        capped: none,
+    })
+}
+
+/// [`PgVariant::Cispo`]'s term: the clipped importance weight, detached, on every token
+/// (0 where the unified mask drops it).
+fn cispo_term(batch: &Batch<'_>, cfg: &LossConfig) -> Result<PgTerm> {
+    let n = batch.lp_val.len();
+    let none = vec![false; n];
+    let valid = |t: usize| batch.mask[t] > 0.0;
+    let (_, ratio) = batch.token_ratio()?;
+    let (lo, hi) = (1.0 - cfg.cispo_clip_low, 1.0 + cfg.cispo_clip_high);
+    let coef: Vec<f64> = (0..n)
+        .map(|t| {
+            let (r, a) = (ratio[t], batch.adv[t]);
+            let dropped = cfg.cispo_unified_mask && ((a > 0.0 && r > hi) || (a < 0.0 && r < lo));
+            if dropped {
+                0.0
+            } else {
+                -r.clamp(lo, hi) * a
+            }
+        })
+        .collect();
+    let clipped = (0..n)
+        .map(|t| valid(t) && (ratio[t] < lo || ratio[t] > hi))
+        .collect();
+    Ok(PgTerm {
+        loss_tok: batch.linear(&coef)?,
+        ratio,
+        clipped,
+        dual_clipped: none.clone(),
+        capped: none,
+    })
+}
+
+/// [`PgVariant::DecoupledPpo`]'s term: PPO's clipped surrogate times the detached behaviour
+/// weight `π_old/π_behav` (capped, or from rejection sampling).
+fn decoupled_ppo_term(batch: &Batch<'_>, cfg: &LossConfig) -> Result<PgTerm> {
+    let n = batch.lp_val.len();
+    let valid = |t: usize| batch.mask[t] > 0.0;
+    let (ratio, ratio_val) = batch.token_ratio()?;
+    let (loss_tok, clipped, dual_clipped) = clipped_surrogate(
+        batch,
+        &ratio,
+        &ratio_val,
+        cfg.clip_low,
+        cfg.clip_high,
+        cfg.dual_clip,
+    )?;
+    let (weight, capped) = match &cfg.rejection_sampling {
+        Some(rs) => rs.weights(&batch.old, &batch.behav, &batch.mask, batch.layout),
+        None => {
+            let mut capped = vec![false; n];
+            let weight = (0..n)
+                .map(|t| {
+                    let w = (batch.old[t] - batch.behav[t]).exp();
+                    match cfg.behav_imp_weight_cap {
+                        Some(cap) if w > cap => {
+                            capped[t] = valid(t);
+                            0.0
+                        }
+                        _ => w * batch.mask[t],
+                    }
+                })
+                .collect();
+            (weight, capped)
+        }
+    };
+    Ok(PgTerm {
+        loss_tok: loss_tok.mul(&batch.tensor(&weight)?)?,
+        ratio: ratio_val,
+        clipped,
+        dual_clipped,
+        capped,
+    })
 }
 
 /// Checks that `t` is 1-D with `n` elements.
@@ -1024,6 +1043,72 @@ fn frac(flags: &[bool], n_valid: f64) -> f64 {
     }
 }
 
+/// An optional input `name` of [`policy_loss`]: checked to have `n` tokens and returned
+/// when `needed` (missing, an error saying `because`), ignored otherwise.
+fn needed_input<'a>(
+    input: Option<&'a Tensor>,
+    needed: bool,
+    name: &'static str,
+    because: &'static str,
+    n: usize,
+) -> Result<Option<&'a Tensor>> {
+    match (input, needed) {
+        (Some(t), true) => {
+            check_vec(name, t, n)?;
+            Ok(Some(t))
+        }
+        (None, true) => Err(TrainError::MissingInput { name, because }),
+        (_, false) => Ok(None),
+    }
+}
+
+/// The batch the variants see: `inputs`' log-probs (with `old_logp` as π_old) and
+/// advantages zeroed outside `mask`; and `keep`, the mask as a condition tensor.
+fn masked_batch<'a>(
+    inputs: &PolicyLossInputs<'_>,
+    old_logp: &Tensor,
+    mask: Vec<f64>,
+    layout: &'a SeqLayout,
+    n: usize,
+) -> Result<(Batch<'a>, Tensor)> {
+    let logp = inputs.logp;
+    let device = logp.device().clone();
+    let dtype = logp.dtype();
+    let keep = Tensor::from_vec(
+        mask.iter().map(|&m| u8::from(m > 0.0)).collect::<Vec<u8>>(),
+        n,
+        &device,
+    )?;
+    let lp = keep.where_cond(logp, &logp.zeros_like()?)?;
+    let batch = Batch {
+        lp_val: to_f64_vec(&lp)?,
+        lp,
+        old: masked_values(old_logp, &mask)?,
+        behav: masked_values(inputs.behav_logp, &mask)?,
+        adv: masked_values(inputs.adv, &mask)?,
+        mask,
+        layout,
+        device,
+        dtype,
+    };
+    Ok((batch, keep))
+}
+
+/// The largest and smallest of `ratio` over the tokens `mask` keeps; 1 and 1 when
+/// `n_valid` is 0.
+fn ratio_range(ratio: &[f64], mask: &[f64], n_valid: f64) -> (f64, f64) {
+    let valid_ratios = ratio
+        .iter()
+        .zip(mask)
+        .filter(|(_, &m)| m > 0.0)
+        .map(|(&r, _)| r);
+    if n_valid > 0.0 {
+        valid_ratios.fold((f64::MIN, f64::MAX), |(hi, lo), r| (hi.max(r), lo.min(r)))
+    } else {
+        (1.0, 1.0)
+    }
+}
+
 /// The policy loss of `cfg` on one packed batch: the scalar to differentiate and detached
 /// metrics. See the module documentation for the formula and [`PgVariant`] for each variant.
 pub fn policy_loss(inputs: &PolicyLossInputs<'_>, cfg: &LossConfig) -> Result<LossOutput> {
@@ -1044,32 +1129,20 @@ pub fn policy_loss(inputs: &PolicyLossInputs<'_>, cfg: &LossConfig) -> Result<Lo
     check_vec("behav_logp", inputs.behav_logp, n)?;
     check_vec("adv", inputs.adv, n)?;
     check_vec("mask", inputs.mask, n)?;
-    let ref_logp = match (inputs.ref_logp, cfg.kl_coef > 0.0) {
-        (Some(r), true) => {
-            check_vec("ref_logp", r, n)?;
-            Some(r)
-        }
-        (None, true) => {
-            return Err(TrainError::MissingInput {
-                name: "ref_logp",
-                because: "kl_coef is > 0",
-            })
-        }
-        (_, false) => None,
-    };
-    let entropy = match (inputs.entropy, cfg.entropy_coef > 0.0) {
-        (Some(e), true) => {
-            check_vec("entropy", e, n)?;
-            Some(e)
-        }
-        (None, true) => {
-            return Err(TrainError::MissingInput {
-                name: "entropy",
-                because: "entropy_coef is > 0",
-            })
-        }
-        (_, false) => None,
-    };
+    let ref_logp = needed_input(
+        inputs.ref_logp,
+        cfg.kl_coef > 0.0,
+        "ref_logp",
+        "kl_coef is > 0",
+        n,
+    )?;
+    let entropy = needed_input(
+        inputs.entropy,
+        cfg.entropy_coef > 0.0,
+        "entropy",
+        "entropy_coef is > 0",
+        n,
+    )?;
 
     let base_mask: Vec<f64> = to_f64_vec(inputs.mask)?
         .into_iter()
@@ -1082,27 +1155,7 @@ pub fn policy_loss(inputs: &PolicyLossInputs<'_>, cfg: &LossConfig) -> Result<Lo
     let old = masked_values(old_logp, &base_mask)?;
     let behav = masked_values(inputs.behav_logp, &base_mask)?;
     let correction = train_infer_correction(&cfg.correction, &old, &behav, &base_mask, &layout)?;
-    let mask = correction.mask;
-
-    let device = logp.device().clone();
-    let dtype = logp.dtype();
-    let keep = Tensor::from_vec(
-        mask.iter().map(|&m| u8::from(m > 0.0)).collect::<Vec<u8>>(),
-        n,
-        &device,
-    )?;
-    let lp = keep.where_cond(logp, &logp.zeros_like()?)?;
-    let batch = Batch {
-        lp_val: to_f64_vec(&lp)?,
-        lp,
-        old: masked_values(old_logp, &mask)?,
-        behav: masked_values(inputs.behav_logp, &mask)?,
-        adv: masked_values(inputs.adv, &mask)?,
-        mask,
-        layout: &layout,
-        device,
-        dtype,
-    };
+    let (batch, keep) = masked_batch(inputs, old_logp, correction.mask, &layout, n)?;
 
     let term = pg_term(&batch, cfg, inputs.seq_scores)?;
     let pg_tok = if cfg.correction.is_weight.is_some() {
@@ -1125,7 +1178,7 @@ pub fn policy_loss(inputs: &PolicyLossInputs<'_>, cfg: &LossConfig) -> Result<Lo
     };
     let entropy_agg = match entropy {
         Some(e) => {
-            let e = e.to_dtype(dtype)?;
+            let e = e.to_dtype(batch.dtype)?;
             let e = keep.where_cond(&e, &e.zeros_like()?)?;
             let h = weighted_sum(&e, &agg_w)?;
             total = total.sub(&(&h * cfg.entropy_coef)?)?;
@@ -1135,17 +1188,7 @@ pub fn policy_loss(inputs: &PolicyLossInputs<'_>, cfg: &LossConfig) -> Result<Lo
     };
 
     let n_valid: f64 = batch.mask.iter().sum();
-    let valid_ratios = term
-        .ratio
-        .iter()
-        .zip(&batch.mask)
-        .filter(|(_, &m)| m > 0.0)
-        .map(|(&r, _)| r);
-    let (ratio_max, ratio_min) = if n_valid > 0.0 {
-        valid_ratios.fold((f64::MIN, f64::MAX), |(hi, lo), r| (hi.max(r), lo.min(r)))
-    } else {
-        (1.0, 1.0)
-    };
+    let (ratio_max, ratio_min) = ratio_range(&term.ratio, &batch.mask, n_valid);
     let approx_kl: Vec<f64> = (0..n)
         .map(|t| {
             let x = batch.old[t] - batch.lp_val[t];
