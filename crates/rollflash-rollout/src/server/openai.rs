@@ -509,41 +509,11 @@ async fn run_choice(
     let mut text_offset = 0usize;
     if plan.echo {
         if let Some(tx) = tx {
-            let prompt_text = shared.decode(prompt)?;
-            let lp = if plan.logprobs.on {
-                let scores = prompt_scores(shared, prompt, &job.params, plan.logprobs.top).await?;
-                Some(completion_logprobs(
-                    shared,
-                    prompt,
-                    &scores
-                        .iter()
-                        .map(|s| s.as_ref().map(|s| s.logprob))
-                        .collect::<Vec<_>>(),
-                    Some(&scores),
-                    plan.logprobs,
-                    &mut text_offset,
-                ))
-            } else {
-                None
-            };
-            let _ = tx.send(chunk(
-                shared,
-                plan,
-                vec![json!({"index": i, "text": prompt_text, "logprobs": lp,
-                    "finish_reason": null, "stop_reason": null})],
-            ));
+            send_echo(shared, plan, i, tx, &mut text_offset).await?;
         }
     }
     let out = if job.params.max_new_tokens == 0 {
-        // `echo` with `max_tokens: 0`: the prompt only.
-        GenOutput {
-            id: rollflash_core::RequestId(0),
-            prompt_len: prompt.len(),
-            output: Generated::default(),
-            finish_reason: FinishReason::Length,
-            start_version: Default::default(),
-            served_by: Vec::new(),
-        }
+        prompt_only(prompt)
     } else if tx.is_none() && plan.stops.is_empty() {
         shared
             .generate(
@@ -603,18 +573,7 @@ async fn run_choice(
     out.output.tokens.truncate(the_cut.tokens);
     out.output.logprobs.truncate(the_cut.tokens);
     out.output.versions.truncate(the_cut.tokens);
-    let (finish, stop_reason) = match (&the_cut.matched, out.finish_reason) {
-        (Some(s), _) => ("stop", json!(s)),
-        (None, FinishReason::Stop) => {
-            let last = out.output.tokens.last().copied();
-            match last {
-                Some(t) if !shared.cfg.eos_token_ids.contains(&t) => ("stop", json!(t)),
-                _ => ("stop", Value::Null),
-            }
-        }
-        (None, FinishReason::Length) => ("length", Value::Null),
-        (None, FinishReason::Aborted) => ("abort", Value::Null),
-    };
+    let (finish, stop_reason) = finish_of(shared, &the_cut, &out);
     let scores = if scoring && !out.output.is_empty() {
         Some(
             output_scores(
@@ -649,6 +608,72 @@ async fn run_choice(
         stop_reason,
         scores,
     })
+}
+
+/// The output of `echo` with `max_tokens: 0`: the prompt only, nothing generated.
+fn prompt_only(prompt: &[u32]) -> GenOutput {
+    GenOutput {
+        id: rollflash_core::RequestId(0),
+        prompt_len: prompt.len(),
+        output: Generated::default(),
+        finish_reason: FinishReason::Length,
+        start_version: Default::default(),
+        served_by: Vec::new(),
+    }
+}
+
+/// With `echo` on a stream: sends choice `i`'s prompt (and its log-probs, when asked) as
+/// the choice's first chunk, advancing `text_offset` past it.
+async fn send_echo(
+    shared: &Shared,
+    plan: &Plan,
+    i: usize,
+    tx: &mpsc::UnboundedSender<Value>,
+    text_offset: &mut usize,
+) -> Result<(), ApiError> {
+    let job = &plan.jobs[i];
+    let prompt = &plan.prompts[job.prompt];
+    let prompt_text = shared.decode(prompt)?;
+    let lp = if plan.logprobs.on {
+        let scores = prompt_scores(shared, prompt, &job.params, plan.logprobs.top).await?;
+        Some(completion_logprobs(
+            shared,
+            prompt,
+            &scores
+                .iter()
+                .map(|s| s.as_ref().map(|s| s.logprob))
+                .collect::<Vec<_>>(),
+            Some(&scores),
+            plan.logprobs,
+            text_offset,
+        ))
+    } else {
+        None
+    };
+    let _ = tx.send(chunk(
+        shared,
+        plan,
+        vec![json!({"index": i, "text": prompt_text, "logprobs": lp,
+            "finish_reason": null, "stop_reason": null})],
+    ));
+    Ok(())
+}
+
+/// The `finish_reason` and `stop_reason` of `out`, cut at `the_cut`: a matched stop string,
+/// else the stop token (none for an end-of-sequence one), the length limit, or an abort.
+fn finish_of(shared: &Shared, the_cut: &Cut, out: &GenOutput) -> (&'static str, Value) {
+    match (&the_cut.matched, out.finish_reason) {
+        (Some(s), _) => ("stop", json!(s)),
+        (None, FinishReason::Stop) => {
+            let last = out.output.tokens.last().copied();
+            match last {
+                Some(t) if !shared.cfg.eos_token_ids.contains(&t) => ("stop", json!(t)),
+                _ => ("stop", Value::Null),
+            }
+        }
+        (None, FinishReason::Length) => ("length", Value::Null),
+        (None, FinishReason::Aborted) => ("abort", Value::Null),
+    }
 }
 
 /// The temperature alternatives are scored at: the request's, or 1 for greedy.
