@@ -163,6 +163,8 @@ async fn scrape(State(st): State<AppState>) -> impl IntoResponse {
 }
 
 /// The exposition text.
+// Long on purpose: a flat list of metrics in exposition order, each one `metric` call or one
+// row of a table; split, the order of the page would be spread over several functions.
 pub fn render(g: &Gauges, proxy: Option<&rollflash_rollout::ProxyMetrics>) -> String {
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, value: f64| {

@@ -501,6 +501,9 @@ impl TinkerClient {
     }
 
     /// Long-polls one future until it has a result, it fails, or the deadline passes.
+    // Long on purpose: one poll loop whose every answer (transport error, status, control
+    // body) updates the same failure count and backoff flag; split, each piece would have
+    // to hand both back and the loop would no longer read as the protocol it follows.
     async fn retrieve_future(
         &self,
         call: &'static str,

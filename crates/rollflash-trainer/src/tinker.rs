@@ -584,6 +584,9 @@ impl TinkerLearner {
         call.map_err(remote)
     }
 
+    // Long on purpose: one remote step in the order the server sees it (forward/backward by
+    // loss path, optimizer step, sampler save, rejoin state), sharing the packed batch, the
+    // `datum_of` closure over it and the metrics list; the two loss paths are one match.
     async fn step(
         &mut self,
         batch: &Batch<Trajectory>,
