@@ -140,8 +140,10 @@ fn split(a: SplitArgs, out: &Path) -> Result<()> {
     };
     println!(
         "simulation: {}; {cores} cores; parallel fractions: generation {}, training {}",
-        path.as_ref()
-            .map_or_else(|| "the built-in default".into(), |p| p.display().to_string()),
+        path.as_ref().map_or_else(
+            || "the built-in default".into(),
+            |p| p.display().to_string()
+        ),
         a.gen_parallel,
         a.train_parallel
     );
