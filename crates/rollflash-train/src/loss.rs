@@ -654,6 +654,26 @@ struct PgTerm {
     capped: Vec<bool>,
 }
 
+impl PgTerm {
+    /// A term linear in the log-probs (`coef` per token, detached), with no dual clip and no
+    /// cap: TOPR's and CISPO's.
+    fn linear(
+        batch: &Batch<'_>,
+        coef: &[f64],
+        ratio: Vec<f64>,
+        clipped: Vec<bool>,
+    ) -> Result<PgTerm> {
+        let none = vec![false; coef.len()];
+        Ok(PgTerm {
+            loss_tok: batch.linear(coef)?,
+            ratio,
+            clipped,
+            dual_clipped: none.clone(),
+            capped: none,
+        })
+    }
+}
+
 /// The batch as the variants see it: masked tokens already zeroed everywhere.
 struct Batch<'a> {
     /// logπ_θ with masked tokens replaced by 0 (the differentiable input).
@@ -878,7 +898,6 @@ fn pg_term(batch: &Batch<'_>, cfg: &LossConfig, seq_scores: Option<&[f64]>) -> R
 /// advantage) with `w₊`, the others with `w₋` and their ratio truncated to `[0, 1]`.
 fn topr_term(batch: &Batch<'_>, cfg: &LossConfig, seq_scores: Option<&[f64]>) -> Result<PgTerm> {
     let n = batch.lp_val.len();
-    let none = vec![false; n];
     let valid = |t: usize| batch.mask[t] > 0.0;
     let (_, ratio) = batch.token_ratio()?;
     let positive: Vec<bool> = match seq_scores {
@@ -905,20 +924,13 @@ fn topr_term(batch: &Batch<'_>, cfg: &LossConfig, seq_scores: Option<&[f64]>) ->
     let clipped = (0..n)
         .map(|t| valid(t) && !positive[t] && ratio[t] > 1.0)
         .collect();
-    Ok(PgTerm {
-        loss_tok: batch.linear(&coef)?,
-        ratio,
-        clipped,
-        dual_clipped: none.clone(),
-        capped: none,
-    })
+    PgTerm::linear(batch, &coef, ratio, clipped)
 }
 
 /// [`PgVariant::Cispo`]'s term: the clipped importance weight, detached, on every token
 /// (0 where the unified mask drops it).
 fn cispo_term(batch: &Batch<'_>, cfg: &LossConfig) -> Result<PgTerm> {
     let n = batch.lp_val.len();
-    let none = vec![false; n];
     let valid = |t: usize| batch.mask[t] > 0.0;
     let (_, ratio) = batch.token_ratio()?;
     let (lo, hi) = (1.0 - cfg.cispo_clip_low, 1.0 + cfg.cispo_clip_high);
@@ -936,13 +948,7 @@ fn cispo_term(batch: &Batch<'_>, cfg: &LossConfig) -> Result<PgTerm> {
     let clipped = (0..n)
         .map(|t| valid(t) && (ratio[t] < lo || ratio[t] > hi))
         .collect();
-    Ok(PgTerm {
-        loss_tok: batch.linear(&coef)?,
-        ratio,
-        clipped,
-        dual_clipped: none.clone(),
-        capped: none,
-    })
+    PgTerm::linear(batch, &coef, ratio, clipped)
 }
 
 /// [`PgVariant::DecoupledPpo`]'s term: PPO's clipped surrogate times the detached behaviour
