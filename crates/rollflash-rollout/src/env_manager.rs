@@ -327,6 +327,8 @@ impl EnvManager {
         t
     }
 
+    // Long by design: one episode's loop (reset, then turns of generate and step, each
+    // with its deadline), where every way an episode can end returns its end right there.
     async fn episode(
         &self,
         env: &mut dyn Env,

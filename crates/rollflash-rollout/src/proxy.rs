@@ -858,6 +858,8 @@ impl ProxyTask {
         self.actions = actions;
     }
 
+    // One match over the task's closed message enum, kept whole so every message the proxy
+    // accepts is read in one place; each arm hands its work to the scheduler or a helper.
     fn handle(&mut self, msg: Msg) {
         match msg {
             Msg::Generate {

@@ -811,6 +811,8 @@ async fn train<L: RunLearner>(
 /// The end of a run: the evaluation after RL in TensorBoard, the final weights (unless
 /// `checkpoint.final = false`; for a run that stopped early, the resumable checkpoint of where
 /// it stopped, always), `summary.json`, the report, and the run's end as its result.
+// Long by design: the end of a run is one ordered sequence (TensorBoard, weights, summary,
+// report, result), each step depending on what the one before wrote.
 async fn finish<L: RunLearner>(
     plan: &RunPlan,
     p: Prepared,

@@ -403,6 +403,8 @@ impl LossConfig {
     }
 
     /// Checks every field; the error names the first bad one.
+    // Long by design: a flat list of one check per field in the order the fields are
+    // declared, so the first bad field is the one named.
     pub fn validate(&self) -> Result<()> {
         let c = self;
         check(
