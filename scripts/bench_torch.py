@@ -3,9 +3,10 @@
 
 A from-scratch Llama / Qwen2 / Qwen3-style decoder (RMSNorm, rotate-half RoPE, grouped-query
 attention, SwiGLU, optional q/k RMSNorm, optional q/k/v biases, optional tied embeddings) in
-float32 on the CPU. It loads a Hugging Face directory (config.json + model.safetensors) or, with
-no --model, builds the built-in default config of `ModelConfig::builtin_default` (Qwen3, vocab
-100, hidden 192, ...) with random weights.
+float32 on the CPU. It loads a Hugging Face directory (config.json + model.safetensors), or only
+its config.json with --random-weights (a real model's shapes: what the GPU bundle carries), or,
+with no --model, builds the built-in default config of `ModelConfig::builtin_default` (Qwen3,
+vocab 100, hidden 192, ...) with random weights.
 
 Measurements (see crates/rollflash/src/bench.rs for ours):
   * decode, for each batch size B: B requests with the same prompt length and `new_tokens`
@@ -246,22 +247,31 @@ class CausalLM(nn.Module):
         return F.linear(x, w)
 
 
+def random_model(cfg: Config, device: str) -> CausalLM:
+    """Seeded random weights as ours initialises them (matrices N(0, 0.02^2), norms 1, biases 0),
+    built on `device` directly: a 1.5B model's initialisation on a 16-core host takes longer
+    than on its GPU. Not the same numbers as ours (another generator): for speed only."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        m = CausalLM(cfg)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.fill_(1.0)
+    return m
+
+
 def load_model(args) -> tuple[CausalLM, str]:
     if args.model is None:
-        cfg = Config.builtin_default()
-        torch.manual_seed(0)
-        m = CausalLM(cfg)
-        with torch.no_grad():
-            for name, p in m.named_parameters():
-                if p.dim() >= 2:
-                    p.normal_(0.0, 0.02)
-                elif name.endswith("bias"):
-                    p.zero_()
-                else:
-                    p.fill_(1.0)
-        return m, "built-in default"
+        return random_model(Config.builtin_default(), args.device), "built-in default"
     d = Path(args.model)
     cfg = Config.from_hf(d / "config.json")
+    if args.random_weights:
+        return random_model(cfg, args.device), f"{d} (its shapes, random weights)"
     from safetensors.torch import load_file
 
     files = sorted(d.glob("*.safetensors"))
@@ -415,6 +425,8 @@ def bench_train(m: CausalLM, args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="Hugging Face directory; the built-in default (random) when absent")
+    p.add_argument("--random-weights", action="store_true",
+                   help="with --model: read only its config.json and use seeded random weights of its shapes")
     p.add_argument("--batch", default="1,16,64", help="decode batch sizes, comma-separated")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
@@ -432,6 +444,8 @@ def main() -> None:
     args = p.parse_args()
     args.torch_dtype = torch.float32 if args.dtype == "f32" else torch.bfloat16
     args.batch = [int(x) for x in args.batch.split(",") if x]
+    if args.random_weights and args.model is None:
+        raise SystemExit("bench_torch.py: --random-weights needs --model DIR (its config.json)")
     if args.new_tokens < 1 or args.prompt_len < 1:
         raise SystemExit("bench_torch.py: --new-tokens and --prompt-len must be at least 1")
 

@@ -28,6 +28,11 @@ pub struct BenchArgs {
     /// A Hugging Face directory; the built-in default model (random weights) when absent.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// With `--model`: read only the directory's `config.json` and measure seeded random
+    /// weights of its shapes (N(0, 0.02²), seed 0, as `Weights::random`): a real model's speed
+    /// needs its shapes, not its weights, which a lent GPU machine cannot be sent.
+    #[arg(long, requires = "model")]
+    random_weights: bool,
     /// Decode batch sizes.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
     batch: Vec<usize>,
@@ -70,6 +75,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let placement = a.placement.open()?;
     let (device, dtype) = (placement.device, placement.dtype);
     let (cfg, weights, name) = match &a.model {
+        Some(dir) if a.random_weights => {
+            let cfg = rollflash_model::hf::load_config(dir)?;
+            let w = Weights::random(&cfg, 0, dtype, &device)?;
+            (
+                cfg,
+                w,
+                format!("{} (its shapes, random weights)", dir.display()),
+            )
+        }
         Some(dir) => {
             let cfg = rollflash_model::hf::load_config(dir)?;
             let w = rollflash_model::hf::load_weights(dir, &device)?;

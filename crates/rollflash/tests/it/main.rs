@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod bad_models;
+mod bench_engine;
 mod bench_rl;
 mod crash;
 mod dashboard;
