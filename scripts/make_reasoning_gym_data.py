@@ -75,7 +75,17 @@ def main():
     p.add_argument("--train", type=int, default=2000, help="training rows per task")
     p.add_argument("--test", type=int, default=200, help="held-out rows per task")
     p.add_argument("--seed", type=int, default=0, help="train seed; test uses seed + 1000000")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override one generator setting of every task, e.g. --set max_terms=2 "
+                        "(an integer; the file names stay TASK_train/TASK_test, so write "
+                        "another difficulty into another OUT_DIR)")
     a = p.parse_args()
+    overrides = {}
+    for kv in a.set:
+        k, sep, v = kv.partition("=")
+        if not sep or not v.lstrip("-").isdigit():
+            sys.exit(f"--set {kv!r}: expected FIELD=INTEGER")
+        overrides[k] = int(v)
     if VERSION != PINNED:
         sys.exit(f"reasoning-gym {VERSION} installed, {PINNED} pinned "
                  "(run scripts/setup_data_tools.sh)")
@@ -83,7 +93,10 @@ def main():
     for task in a.tasks.split(","):
         if task not in DEFAULTS:
             sys.exit(f"unknown task {task!r}; known: {', '.join(DEFAULTS)}")
-        settings = DEFAULTS[task]
+        unknown = [k for k in overrides if k not in DEFAULTS[task]]
+        if unknown:
+            sys.exit(f"--set {unknown[0]}: not a setting of {task} (its settings: {', '.join(DEFAULTS[task])})")
+        settings = {**DEFAULTS[task], **overrides}
         train = list(rows(task, a.train, a.seed, settings))
         seen = {r["question"] for r in train}
         # Draw more than asked so dropping repeats still leaves `--test` rows.
