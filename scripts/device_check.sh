@@ -230,17 +230,18 @@ print(f"   {what}: {dtype} vs CPU f32 over {len(d)} tokens: max |d| {mx:.2e}, me
 sys.exit(0 if ok else 1)
 PY
 }
-# model_args NAME: bench-engine's model flags for the built-in (warmed-up weights) or a shape.
+# model_args NAME: sets MARGS to bench-engine's model flags for the built-in (warmed-up
+# weights) or a shape (an array, so a bundle path with spaces stays one argument).
 model_args() {
-  if [ "$1" = builtin ]; then echo "--model $BUNDLE/builtin"; else echo "--model $BUNDLE/shapes/$1 --random-weights"; fi
+  if [ "$1" = builtin ]; then MARGS=(--model "$BUNDLE/builtin"); else MARGS=(--model "$BUNDLE/shapes/$1" --random-weights); fi
 }
 if want logprobs; then
   begin_part logprobs "$LOGPROBS_S"
   if [ "$DRY" = 1 ]; then lp_size=(--train-seqs 2 --train-len 32); else lp_size=(--train-seqs 4 --train-len 128); fi
   for m in builtin "${SHAPES[@]}"; do
     lp=(--no-decode "${lp_size[@]}" --threads "$THREADS" --logprobs-only)
-    # shellcheck disable=SC2046
-    if ! run_t 60 "lp-$m-cpu" "$BIN" bench-engine $(model_args "$m") "${lp[@]}" --device cpu --dtype f32 \
+    model_args "$m"
+    if ! run_t 60 "lp-$m-cpu" "$BIN" bench-engine "${MARGS[@]}" "${lp[@]}" --device cpu --dtype f32 \
         --logprobs-out "$WORK/$m.cpu.json"; then
       fail 2 "$m: the CPU log-probs failed: $(tail -2 "$WORK/lp-$m-cpu.out" | tr '\n' ' ')"
       continue
@@ -250,8 +251,7 @@ if want logprobs; then
       continue
     fi
     for dt in f32 bf16; do
-      # shellcheck disable=SC2046
-      if run_t 60 "lp-$m-$dt" "$BIN" bench-engine $(model_args "$m") "${lp[@]}" --device "$DEVICE" --dtype "$dt" \
+      if run_t 60 "lp-$m-$dt" "$BIN" bench-engine "${MARGS[@]}" "${lp[@]}" --device "$DEVICE" --dtype "$dt" \
           --logprobs-out "$WORK/$m.gpu.$dt.json"; then
         compare "$WORK/$m.cpu.json" "$WORK/$m.gpu.$dt.json" "$dt" "$m $DEVICE" || fail 2 "$m $dt log-probs out of tolerance"
       else

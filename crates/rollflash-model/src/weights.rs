@@ -262,7 +262,6 @@ fn tensor_specs(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, Init)> {
     v
 }
 
-/// One standard normal draw (Box–Muller), so initialisation depends only on our seeded RNG.
 /// ChaCha8 words one `normal` draw reads: two `f64`s of one `u64` (two words) each.
 const WORDS_PER_NORMAL: u128 = 4;
 /// Draws per parallel chunk of [`normal_draws`].
@@ -285,6 +284,7 @@ fn normal_draws(seed: u64, first: u128, n: usize) -> Vec<f32> {
     data
 }
 
+/// One standard normal draw (Box–Muller), so initialisation depends only on our seeded RNG.
 fn normal(rng: &mut ChaCha8Rng) -> f32 {
     use rand::Rng;
     let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
