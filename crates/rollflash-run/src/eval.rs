@@ -28,6 +28,9 @@ pub struct EvalResult {
     /// `train.eval_samples` samples per task: the accuracy RL papers report beside greedy.
     #[serde(default)]
     pub sampled: Option<SampledEval>,
+    /// Standard error of `success_rate`: binomial over the tasks, `sqrt(p (1 - p) / n)`.
+    #[serde(default)]
+    pub success_se: f64,
 }
 
 /// Sampled evaluation: `samples` trajectories per task at the rollout temperature.
@@ -38,6 +41,32 @@ pub struct SampledEval {
     /// Mean over tasks and samples of reaching the success threshold.
     pub success_rate: f64,
     pub mean_reward: f64,
+    /// Standard error of `success_rate` over the tasks: the sample standard deviation of the
+    /// per-task success fractions over `sqrt(n)`. A task's samples are not independent of
+    /// each other (an easy task is solved by most of them), so the `n · samples` draws are
+    /// not pooled as if they were.
+    #[serde(default)]
+    pub success_se: f64,
+}
+
+/// Standard error of a success rate `p` measured on `n` independent tasks (binomial).
+pub fn binomial_se(p: f64, n: usize) -> f64 {
+    if n == 0 {
+        return 0.0;
+    }
+    (p * (1.0 - p) / n as f64).max(0.0).sqrt()
+}
+
+/// Standard error of the mean of `xs` (the sample standard deviation, `n - 1` in its
+/// denominator, over `sqrt(n)`); 0 for fewer than two values.
+pub fn mean_se(xs: &[f64]) -> f64 {
+    let n = xs.len();
+    if n < 2 {
+        return 0.0;
+    }
+    let mean = xs.iter().sum::<f64>() / n as f64;
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    (var / n as f64).sqrt()
 }
 
 /// Episode seeds for evaluation, far from the training seeds so no task is shared; the
@@ -88,7 +117,7 @@ pub async fn evaluate(
     }
     let runs = run_eval(envs, make, n, 1, "greedy evaluation").await;
     let (mut sum, mut ok, mut free, mut has_free) = (0.0, 0usize, 0.0, false);
-    for (reward, format_free) in &runs {
+    for (_, reward, format_free) in &runs {
         sum += reward;
         ok += usize::from(*reward >= success_threshold);
         if let Some(f) = format_free {
@@ -96,12 +125,14 @@ pub async fn evaluate(
             has_free = true;
         }
     }
+    let success_rate = ok as f64 / n as f64;
     Some(EvalResult {
         tasks: n,
         mean_reward: sum / n as f64,
-        success_rate: ok as f64 / n as f64,
+        success_rate,
         format_free: has_free.then(|| free / n as f64),
         sampled: None,
+        success_se: binomial_se(success_rate, n),
     })
 }
 
@@ -120,23 +151,34 @@ pub async fn evaluate_sampled(
     }
     let runs = run_eval(envs, make, n, k, "sampled evaluation").await;
     let total = runs.len().max(1) as f64;
+    let mut per_task = vec![0.0; n];
+    for (task, r, _) in &runs {
+        if let Some(slot) = per_task.get_mut(*task).filter(|_| *r >= success_threshold) {
+            *slot += 1.0 / k as f64;
+        }
+    }
     Some(SampledEval {
         samples: k,
         temperature,
-        success_rate: runs.iter().filter(|(r, _)| *r >= success_threshold).count() as f64 / total,
-        mean_reward: runs.iter().map(|(r, _)| r).sum::<f64>() / total,
+        success_rate: runs
+            .iter()
+            .filter(|(_, r, _)| *r >= success_threshold)
+            .count() as f64
+            / total,
+        mean_reward: runs.iter().map(|(_, r, _)| r).sum::<f64>() / total,
+        success_se: mean_se(&per_task),
     })
 }
 
-/// `(reward, format_free)` of `k` trajectories on each of `n` held-out tasks, with a
-/// progress bar named `what` on a terminal.
+/// `(task, reward, format_free)` of `k` trajectories on each of `n` held-out tasks (`task`
+/// in `0..n`), with a progress bar named `what` on a terminal.
 async fn run_eval(
     envs: &EnvManager,
     make: &EnvFactory,
     n: usize,
     k: usize,
     what: &str,
-) -> Vec<(f64, Option<f64>)> {
+) -> Vec<(usize, f64, Option<f64>)> {
     let bar = crate::progress::PhaseBar::new(what, (n * k) as u64, "trajectories");
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..n as u64 {
@@ -146,7 +188,7 @@ async fn run_eval(
             tasks.spawn(async move {
                 let mut env: Box<dyn Env> = match make() {
                     Ok(e) => e,
-                    Err(_) => return (0.0, None),
+                    Err(_) => return (i as usize, 0.0, None),
                 };
                 let t = envs
                     .run_trajectory(env.as_mut(), EVAL_SEED_BASE + i, j, GroupId(u64::MAX - i))
@@ -156,13 +198,14 @@ async fn run_eval(
                     .iter()
                     .find(|(name, _)| name == "format_free")
                     .map(|(_, v)| *v);
-                (t.reward, free)
+                (i as usize, t.reward, free)
             });
         }
     }
     let mut out = Vec::with_capacity(n * k);
     while let Some(r) = tasks.join_next().await {
-        out.push(r.unwrap_or((0.0, None)));
+        // A panicked trajectory scores 0 like a failed one; its task is not known (no index).
+        out.push(r.unwrap_or((usize::MAX, 0.0, None)));
         bar.inc();
     }
     out

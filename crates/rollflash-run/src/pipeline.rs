@@ -1358,11 +1358,13 @@ async fn evaluate_both(plan: &RunPlan, rollout: &Stack) -> Option<EvalResult> {
 
 /// Greedy held-out evaluation of the checkpoint in `dir` (a `final/` or `step-N/`
 /// directory, or any Hugging Face directory of the configured model's family) on the task
-/// `plan` describes, over `problems` tasks.
+/// `plan` describes, over `problems` tasks; with `samples` > 0 also its sampled pass@1 over
+/// `samples` trajectories per task at the rollout temperature (as `train.eval_samples`).
 pub async fn evaluate_checkpoint(
     plan: &RunPlan,
     dir: &Path,
     problems: usize,
+    samples: usize,
 ) -> Result<EvalResult, PipelineError> {
     // Its samplers would answer with the server's base model, not the checkpoint's weights.
     if matches!(plan.trainer(), TrainerPlan::Tinker(_)) {
@@ -1389,13 +1391,24 @@ pub async fn evaluate_checkpoint(
     }
     let rollout = Stack::build(plan, &policy, &model, PolicyVersion(0))?;
     rollout.connect(&policy).await?;
-    let out = evaluate(
+    let mut out = evaluate(
         &rollout.eval_envs,
         &rollout.eval_make,
         problems.max(1),
         plan.success_threshold(),
     )
     .await;
+    if let Some(e) = out.as_mut() {
+        e.sampled = evaluate_sampled(
+            &rollout.envs,
+            &rollout.eval_make,
+            problems.max(1),
+            samples,
+            plan.eval().temperature,
+            plan.success_threshold(),
+        )
+        .await;
+    }
     rollout.proxy.shutdown().await?;
     out.ok_or(PipelineError::NoProblems)
 }

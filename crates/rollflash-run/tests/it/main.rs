@@ -9,6 +9,7 @@ mod agentic;
 mod algo;
 mod config;
 mod crash;
+mod eval;
 mod fuzz_config;
 mod lora;
 mod openenv;

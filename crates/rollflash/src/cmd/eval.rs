@@ -1,5 +1,6 @@
 //! `rollflash eval`: held-out greedy accuracy (or success rate) of a checkpoint on the task
-//! a train config describes; and `rollflash report`, which rebuilds a run's report.
+//! a train config describes, with its standard error and, when asked, sampled pass@1; and
+//! `rollflash report`, which rebuilds a run's report.
 
 use std::path::PathBuf;
 
@@ -23,6 +24,10 @@ pub struct EvalArgs {
     /// Held-out tasks (default: the config's `train.eval_problems`).
     #[arg(long)]
     problems: Option<usize>,
+    /// Also sampled pass@1: this many trajectories per task at the config's
+    /// `rollout.temperature` (`--set rollout.temperature=0.6` for another); 0 = greedy only.
+    #[arg(long, default_value_t = 0)]
+    samples: usize,
 }
 
 pub fn run(a: EvalArgs) -> Result<()> {
@@ -39,18 +44,26 @@ pub fn run(a: EvalArgs) -> Result<()> {
         &plan,
         &a.checkpoint,
         n,
+        a.samples,
     ))?;
     println!(
-        "eval {} on `{}`: success rate {:.3} ({} of {} tasks), mean reward {:.3}{}",
+        "eval {} on `{}`: success rate {:.3} ± {:.3} ({} of {} tasks), mean reward {:.3}{}{}",
         a.checkpoint.display(),
         env,
         r.success_rate,
+        r.success_se,
         (r.success_rate * r.tasks as f64).round() as usize,
         r.tasks,
         r.mean_reward,
         // The math task also says how often the answer was right with the format unchecked.
         r.format_free
             .map(|f| format!(", format-free {f:.3}"))
+            .unwrap_or_default(),
+        r.sampled
+            .map(|p| format!(
+                "; sampled pass@1 {:.3} ± {:.3} ({} per task, T={})",
+                p.success_rate, p.success_se, p.samples, p.temperature
+            ))
             .unwrap_or_default()
     );
     Ok(())

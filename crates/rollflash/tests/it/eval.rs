@@ -38,6 +38,61 @@ fn eval_prints_the_success_rate_of_a_checkpoint() {
         stdout.contains("on `frozen_lake`: success rate ") && stdout.contains("of 3 tasks"),
         "{stdout}"
     );
+    assert!(
+        !stdout.contains("sampled pass@1"),
+        "greedy only by default: {stdout}"
+    );
+}
+
+/// `--samples K`: sampled pass@1 beside greedy, each with its standard error; the greedy
+/// one is the binomial `sqrt(p (1 - p) / n)` of the printed rate.
+#[test]
+fn eval_samples_adds_sampled_pass_at_1_with_standard_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = Tokenizer::builtin();
+    let cfg = ModelConfig::builtin_default(tok.vocab_size(), tok.eos_token_id().unwrap());
+    let w = Weights::random(&cfg, 1, DType::F32, &Device::Cpu).unwrap();
+    rollflash_model::hf::save_dir(dir.path(), &cfg, &w, Some(&tok)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rollflash"))
+        .args(["eval", "--checkpoint"])
+        .arg(dir.path())
+        .arg("--config")
+        .arg(frozenlake_toml())
+        .args(["--problems", "4", "--samples", "3"])
+        .args([
+            "--set",
+            "rollout.max_turns=2",
+            "--set",
+            "rollout.temperature=0.5",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout {stdout}\nstderr {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("sampled pass@1 ") && stdout.contains("(3 per task, T=0.5)"),
+        "{stdout}"
+    );
+    let rate: f64 = field(&stdout, "success rate ");
+    let se: f64 = field(&stdout, &format!("success rate {rate:.3} ± "));
+    let want = (rate * (1.0 - rate) / 4.0).sqrt();
+    assert!(
+        (se - want).abs() < 6e-4,
+        "se {se}, binomial {want}: {stdout}"
+    );
+}
+
+/// The number after `prefix` in `text`.
+fn field(text: &str, prefix: &str) -> f64 {
+    let rest = &text[text.find(prefix).unwrap() + prefix.len()..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(rest.len());
+    rest[..end].parse().unwrap()
 }
 
 /// `train.eval_every`: the periodic evaluation on its own engine reports what `rollflash
