@@ -26,6 +26,8 @@
 # Variables (defaults in brackets): STEPS [10] PROMPTS [4] GROUP [8] MAX_NEW [40] TEMP [1.0]
 # LR [2e-5] WARMUP [5] MICRO [8] EVAL [100] TRL_THREADS [2] RF_TRAIN_THREADS [2] RF_ENGINES [2]
 # RF_ENGINE_THREADS [1] RUNS ["rf_sync trl_sync rf_async"] ROLLFLASH_BIN [target/release/rollflash]
+# SEED [0: both sides' random draws — rollflash's `seed`, TRL's `--seed`; the prompts stay the
+# config's `env.shuffle_seed` order, so seeds differ only in the samples drawn]
 # VERIFIER_STUB [0: 1 grades TRL with scripts/trl/verifier_stub.py, for plumbing tests only;
 # the table then flags the grader as different].
 set -euo pipefail
@@ -53,6 +55,7 @@ RF_ENGINES="${RF_ENGINES:-2}"
 RF_ENGINE_THREADS="${RF_ENGINE_THREADS:-1}"
 RUNS="${RUNS:-rf_sync trl_sync rf_async}"
 VERIFIER_STUB="${VERIFIER_STUB:-0}"
+SEED="${SEED:-0}"
 BIN="${ROLLFLASH_BIN:-$ROOT/target/release/rollflash}"
 MODEL="models/smollm2-hf"
 DATA="data/reasoning_gym"
@@ -111,7 +114,7 @@ json.dump({
     "steps": $STEPS, "prompts": $PROMPTS, "group": $GROUP, "max_new": $MAX_NEW, "max_total": $MAX_TOTAL,
     "temperature": $TEMP, "lr": $LR, "warmup": $WARMUP, "micro": $MICRO, "eval": $EVAL,
     "trl_threads": $TRL_THREADS, "rf_train_threads": $RF_TRAIN_THREADS, "rf_engines": $RF_ENGINES,
-    "rf_engine_threads": $RF_ENGINE_THREADS, "model": "$MODEL", "train": "$TRAIN", "test": "$TEST",
+    "rf_engine_threads": $RF_ENGINE_THREADS, "seed": $SEED, "model": "$MODEL", "train": "$TRAIN", "test": "$TEST",
     "verifier": "$VERIFIER".replace("$ROOT/", ""), "verifier_stub": "$VERIFIER_STUB" == "1",
     "cores": os.cpu_count(), "runs": "$RUNS".split(),
 }, open(sys.argv[1], "w"), indent=2)
@@ -124,6 +127,7 @@ rollflash_run() { # NAME, then extra --set overrides
   shift
   local sets=(
     output_dir="$OUT/$name"
+    seed="$SEED"
     train.steps="$STEPS"
     buffer.groups_per_batch="$PROMPTS"
     buffer.group_size="$GROUP"
@@ -161,7 +165,7 @@ trl_run() {
   "${MEASURE[@]}" "$OUT/trl_sync.measure.json" -- "$PY" scripts/trl/grpo_trl.py \
     --model "$MODEL" --train "$TRAIN" --test "$TEST" --verifier "$VERIFIER" --out "$OUT/trl_sync" \
     --steps "$STEPS" --prompts "$PROMPTS" --group "$GROUP" --micro "$MICRO" --max-new "$MAX_NEW" \
-    --temperature "$TEMP" --lr "$LR" --warmup "$WARMUP" --threads "$TRL_THREADS" --eval "$EVAL" \
+    --temperature "$TEMP" --lr "$LR" --warmup "$WARMUP" --threads "$TRL_THREADS" --eval "$EVAL" --seed "$SEED" \
     "${order[@]}" >"$OUT/trl_sync.log" 2>&1 || say "TRL failed (exit $?): tail of $OUT/trl_sync.log:
 $(tail -n 30 "$OUT/trl_sync.log")"
 }

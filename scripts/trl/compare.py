@@ -188,7 +188,7 @@ def settings_table(s, trl):
         ("asynchrony", "sync: controller.sync = true (α = 0); async: α = 1 (the default)",
          "synchronous only: TRL's `AsyncGRPOTrainer` (trl.experimental.async_grpo) generates on a vLLM server only, there is no CPU/in-process async",
          "**differs**: the async table compares rollflash α = 1 with TRL's synchronous run"),
-        ("random streams", "rollflash's seeds", "torch seed 0", "**differs**: samples are not the same draws"),
+        ("random streams", f"rollflash `seed = {s.get('seed', 0)}`", f"torch seed {s.get('seed', 0)}", "**differs**: samples are not the same draws"),
         ("versions", "this checkout's `rollflash`", f"trl {v.get('trl')}, transformers {v.get('transformers')}, torch {v.get('torch')}", ""),
     ]
     lines = ["### Settings, side by side", "", "| setting | rollflash | TRL | match |", "| --- | --- | --- | --- |"]
