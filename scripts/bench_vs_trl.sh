@@ -25,7 +25,7 @@
 #
 # Variables (defaults in brackets): STEPS [10] PROMPTS [4] GROUP [8] MAX_NEW [40] TEMP [1.0]
 # LR [2e-5] WARMUP [5] MICRO [8] EVAL [100] TRL_THREADS [2] RF_TRAIN_THREADS [2] RF_ENGINES [2]
-# RF_ENGINE_THREADS [1] RUNS ["rf_sync trl_sync rf_async"] ROLLFLASH_BIN [target/release/rollflash]
+# RF_ENGINE_THREADS [1] RUNS ["grad rf_sync trl_sync rf_async"] ROLLFLASH_BIN [target/release/rollflash]
 # SEED [0: both sides' random draws — rollflash's `seed`, TRL's `--seed`; the prompts stay the
 # config's `env.shuffle_seed` order, so seeds differ only in the samples drawn]
 # VERIFIER_STUB [0: 1 grades TRL with scripts/trl/verifier_stub.py, for plumbing tests only;
@@ -53,7 +53,7 @@ TRL_THREADS="${TRL_THREADS:-2}"
 RF_TRAIN_THREADS="${RF_TRAIN_THREADS:-2}"
 RF_ENGINES="${RF_ENGINES:-2}"
 RF_ENGINE_THREADS="${RF_ENGINE_THREADS:-1}"
-RUNS="${RUNS:-rf_sync trl_sync rf_async}"
+RUNS="${RUNS:-grad rf_sync trl_sync rf_async}"
 VERIFIER_STUB="${VERIFIER_STUB:-0}"
 SEED="${SEED:-0}"
 BIN="${ROLLFLASH_BIN:-$ROOT/target/release/rollflash}"
@@ -170,13 +170,26 @@ trl_run() {
 $(tail -n 30 "$OUT/trl_sync.log")"
 }
 
+# The first step's gradient, rollflash's against PyTorch's of TRL's loss on the same samples
+# (scripts/trl/grad_check.py): one synchronous step that logs every trajectory and writes the
+# step's checkpoint, whose AdamW first moment holds rollflash's gradient.
+grad_run() {
+  rollflash_run rf_grad controller.sync=true buffer.alpha=0 train.steps=1 train.eval_problems=0 \
+    checkpoint.every=1
+  say "grad: $PY scripts/trl/grad_check.py (log: $OUT/grad_check.log)"
+  "$PY" scripts/trl/grad_check.py "$OUT/rf_grad" "$MODEL" "$OUT/grad_check.json" \
+    --threads "$TRL_THREADS" >"$OUT/grad_check.log" 2>&1 || say "grad check failed (exit $?): tail of $OUT/grad_check.log:
+$(tail -n 20 "$OUT/grad_check.log")"
+}
+
 for run in $RUNS; do
   start=$(date +%s)
   case "$run" in
+    grad) grad_run ;;
     rf_sync) rollflash_run rf_sync controller.sync=true buffer.alpha=0 ;;
     rf_async) rollflash_run rf_async controller.sync=false buffer.alpha=1 ;;
     trl_sync) trl_run ;;
-    *) die "unknown run '$run' in RUNS (rf_sync, trl_sync, rf_async)" ;;
+    *) die "unknown run '$run' in RUNS (grad, rf_sync, trl_sync, rf_async)" ;;
   esac
   say "$run done in $(($(date +%s) - start)) s"
 done

@@ -5,8 +5,8 @@ difference that could not be removed; writes OUT/results.json and OUT/results.md
 
     compare.py OUT
 
-OUT holds settings.json (written by bench_vs_trl.sh), and for each run NAME among rf_sync,
-rf_async and trl_sync: NAME/ (rollflash: summary.json, metrics.jsonl; TRL: trl.json) and
+OUT holds settings.json (written by bench_vs_trl.sh), grad_check.json (scripts/trl/grad_check.py,
+when the `grad` run ran), and for each run NAME among rf_sync, rf_async and trl_sync: NAME/ (rollflash: summary.json, metrics.jsonl; TRL: trl.json) and
 NAME.measure.json (scripts/trl/measure.py: the whole process's wall time and peak RSS). A run
 that is missing shows as "—". Standard library only.
 """
@@ -225,11 +225,27 @@ def main():
         ),
         settings_table(s, trl_sync),
     ]
+    grad = load(out / "grad_check.json")
+    if grad is not None:
+        if grad.get("pass") is None:
+            parts.insert(3, f"### The first step's gradient vs PyTorch's\n\nNot compared: {grad.get('why')}.")
+        else:
+            parts.insert(3, (
+                "### The first step's gradient vs PyTorch's\n\n"
+                f"rollflash's gradient of its first step (from AdamW's first moment) against PyTorch's gradient of TRL's "
+                f"`grpo` loss on the same {grad['samples']} samples ({grad['groups_with_signal']} group(s) with a reward "
+                f"spread), `scripts/trl/grad_check.py`: cosine **{grad['cosine']:.6f}**, norm ratio "
+                f"{grad['norm_ratio']:.4f} ({grad['grad_norm_rollflash']:.4f} vs {grad['grad_norm_torch']:.4f}), lowest "
+                f"per-tensor cosine {grad['lowest_tensor_cosine']:.6f} (`{grad['lowest_tensor']}`): "
+                + ("**passes** (cosine ≥ 0.999, norms within 1%)." if grad["pass"] else "**FAILS** (cosine ≥ 0.999, norms within 1%).")
+            ))
+    parts_json_grad = grad
     md = "\n\n".join(parts) + "\n"
     print(md)
     (out / "results.md").write_text(md)
     (out / "results.json").write_text(
-        json.dumps({"settings": s, "rollflash_sync": rf_sync, "rollflash_async": rf_async, "trl_sync": trl_sync}, indent=2)
+        json.dumps({"settings": s, "rollflash_sync": rf_sync, "rollflash_async": rf_async, "trl_sync": trl_sync,
+                    "grad_check": parts_json_grad}, indent=2)
     )
 
 
