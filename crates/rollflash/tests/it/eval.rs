@@ -14,25 +14,7 @@ use crate::tiny_run::frozenlake_toml;
 
 #[test]
 fn eval_prints_the_success_rate_of_a_checkpoint() {
-    let dir = tempfile::tempdir().unwrap();
-    let tok = Tokenizer::builtin();
-    let cfg = ModelConfig::builtin_default(tok.vocab_size(), tok.eos_token_id().unwrap());
-    let w = Weights::random(&cfg, 1, DType::F32, &Device::Cpu).unwrap();
-    rollflash_model::hf::save_dir(dir.path(), &cfg, &w, Some(&tok)).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_rollflash"))
-        .args(["eval", "--checkpoint"])
-        .arg(dir.path())
-        .arg("--config")
-        .arg(frozenlake_toml())
-        .args(["--problems", "3", "--set", "rollout.max_turns=2"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "stdout {stdout}\nstderr {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = eval_random_lake(&["--problems", "3", "--set", "rollout.max_turns=2"]);
     // A random policy almost never reaches the goal in two moves; the line is what matters.
     assert!(
         stdout.contains("on `frozen_lake`: success rate ") && stdout.contains("of 3 tasks"),
@@ -48,31 +30,16 @@ fn eval_prints_the_success_rate_of_a_checkpoint() {
 /// one is the binomial `sqrt(p (1 - p) / n)` of the printed rate.
 #[test]
 fn eval_samples_adds_sampled_pass_at_1_with_standard_errors() {
-    let dir = tempfile::tempdir().unwrap();
-    let tok = Tokenizer::builtin();
-    let cfg = ModelConfig::builtin_default(tok.vocab_size(), tok.eos_token_id().unwrap());
-    let w = Weights::random(&cfg, 1, DType::F32, &Device::Cpu).unwrap();
-    rollflash_model::hf::save_dir(dir.path(), &cfg, &w, Some(&tok)).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_rollflash"))
-        .args(["eval", "--checkpoint"])
-        .arg(dir.path())
-        .arg("--config")
-        .arg(frozenlake_toml())
-        .args(["--problems", "4", "--samples", "3"])
-        .args([
-            "--set",
-            "rollout.max_turns=2",
-            "--set",
-            "rollout.temperature=0.5",
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "stdout {stdout}\nstderr {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = eval_random_lake(&[
+        "--problems",
+        "4",
+        "--samples",
+        "3",
+        "--set",
+        "rollout.max_turns=2",
+        "--set",
+        "rollout.temperature=0.5",
+    ]);
     assert!(
         stdout.contains("sampled pass@1 ") && stdout.contains("(3 per task, T=0.5)"),
         "{stdout}"
@@ -84,6 +51,31 @@ fn eval_samples_adds_sampled_pass_at_1_with_standard_errors() {
         (se - want).abs() < 6e-4,
         "se {se}, binomial {want}: {stdout}"
     );
+}
+
+/// `rollflash eval` of the built-in model with seeded random weights on the shipped agentic
+/// config with `args`; its standard output, after checking that it succeeded.
+fn eval_random_lake(args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = Tokenizer::builtin();
+    let cfg = ModelConfig::builtin_default(tok.vocab_size(), tok.eos_token_id().unwrap());
+    let w = Weights::random(&cfg, 1, DType::F32, &Device::Cpu).unwrap();
+    rollflash_model::hf::save_dir(dir.path(), &cfg, &w, Some(&tok)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rollflash"))
+        .args(["eval", "--checkpoint"])
+        .arg(dir.path())
+        .arg("--config")
+        .arg(frozenlake_toml())
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "stdout {stdout}\nstderr {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }
 
 /// The number after `prefix` in `text`.
