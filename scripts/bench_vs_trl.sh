@@ -177,7 +177,8 @@ grad_run() {
   rollflash_run rf_grad controller.sync=true buffer.alpha=0 train.steps=1 train.eval_problems=0 \
     checkpoint.every=1
   say "grad: $PY scripts/trl/grad_check.py (log: $OUT/grad_check.log)"
-  "$PY" scripts/trl/grad_check.py "$OUT/rf_grad" "$MODEL" "$OUT/grad_check.json" \
+  # One forward and backward of 32 short sequences: minutes at most on a slow machine.
+  timeout -k 10 1200 "$PY" scripts/trl/grad_check.py "$OUT/rf_grad" "$MODEL" "$OUT/grad_check.json" \
     --threads "$TRL_THREADS" >"$OUT/grad_check.log" 2>&1 || say "grad check failed (exit $?): tail of $OUT/grad_check.log:
 $(tail -n 20 "$OUT/grad_check.log")"
 }

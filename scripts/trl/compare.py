@@ -6,8 +6,9 @@ difference that could not be removed; writes OUT/results.json and OUT/results.md
     compare.py OUT
 
 OUT holds settings.json (written by bench_vs_trl.sh), grad_check.json (scripts/trl/grad_check.py,
-when the `grad` run ran), and for each run NAME among rf_sync, rf_async and trl_sync: NAME/ (rollflash: summary.json, metrics.jsonl; TRL: trl.json) and
-NAME.measure.json (scripts/trl/measure.py: the whole process's wall time and peak RSS). A run
+when the `grad` run ran), and for each run NAME among rf_sync, rf_async and trl_sync: NAME/
+(rollflash: summary.json, metrics.jsonl; TRL: trl.json) and NAME.measure.json
+(scripts/trl/measure.py: the whole process's wall time and peak RSS). A run
 that is missing shows as "—". Standard library only.
 """
 
@@ -239,13 +240,12 @@ def main():
                 f"per-tensor cosine {grad['lowest_tensor_cosine']:.6f} (`{grad['lowest_tensor']}`): "
                 + ("**passes** (cosine ≥ 0.999, norms within 1%)." if grad["pass"] else "**FAILS** (cosine ≥ 0.999, norms within 1%).")
             ))
-    parts_json_grad = grad
     md = "\n\n".join(parts) + "\n"
     print(md)
     (out / "results.md").write_text(md)
     (out / "results.json").write_text(
         json.dumps({"settings": s, "rollflash_sync": rf_sync, "rollflash_async": rf_async, "trl_sync": trl_sync,
-                    "grad_check": parts_json_grad}, indent=2)
+                    "grad_check": grad}, indent=2)
     )
 
 

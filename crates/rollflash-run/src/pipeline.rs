@@ -251,7 +251,7 @@ async fn run_phases(
         Some(r) => r.state.eval_before,
         None => {
             let e = tokio::select! {
-                e = evaluate_both(plan, guard.stack()?) => e,
+                e = evaluate_both(plan, guard.stack()?, plan.eval().problems, plan.eval().samples) => e,
                 _ = opts.stop.stopped() => {
                     return Err(PipelineError::Interrupted { phase: "the evaluation before RL" });
                 }
@@ -353,7 +353,7 @@ async fn rl<L: RunLearner>(
         guard.live.set_phase("evaluation after RL");
         // Every step ran; a stop now only skips the evaluation.
         tokio::select! {
-            e = evaluate_both(plan, guard.stack()?) => e,
+            e = evaluate_both(plan, guard.stack()?, plan.eval().problems, plan.eval().samples) => e,
             _ = opts.stop.stopped() => {
                 println!("evaluation after RL skipped: stop requested");
                 None
@@ -1335,20 +1335,26 @@ impl<L: RunLearner> StepSink<L> for RunSink {
     }
 }
 
-/// Greedy evaluation, and sampled pass@1 when `train.eval_samples` asks for it.
-async fn evaluate_both(plan: &RunPlan, rollout: &Stack) -> Option<EvalResult> {
+/// Greedy evaluation over `problems` held-out tasks, and sampled pass@1 over `samples` per
+/// task at the rollout temperature when `samples` > 0.
+async fn evaluate_both(
+    plan: &RunPlan,
+    rollout: &Stack,
+    problems: usize,
+    samples: usize,
+) -> Option<EvalResult> {
     let mut e = evaluate(
         &rollout.eval_envs,
         &rollout.eval_make,
-        plan.eval().problems,
+        problems,
         plan.success_threshold(),
     )
     .await?;
     e.sampled = evaluate_sampled(
         &rollout.envs,
         &rollout.eval_make,
-        plan.eval().problems,
-        plan.eval().samples,
+        problems,
+        samples,
         plan.eval().temperature,
         plan.success_threshold(),
     )
@@ -1391,24 +1397,7 @@ pub async fn evaluate_checkpoint(
     }
     let rollout = Stack::build(plan, &policy, &model, PolicyVersion(0))?;
     rollout.connect(&policy).await?;
-    let mut out = evaluate(
-        &rollout.eval_envs,
-        &rollout.eval_make,
-        problems.max(1),
-        plan.success_threshold(),
-    )
-    .await;
-    if let Some(e) = out.as_mut() {
-        e.sampled = evaluate_sampled(
-            &rollout.envs,
-            &rollout.eval_make,
-            problems.max(1),
-            samples,
-            plan.eval().temperature,
-            plan.success_threshold(),
-        )
-        .await;
-    }
+    let out = evaluate_both(plan, &rollout, problems.max(1), samples).await;
     rollout.proxy.shutdown().await?;
     out.ok_or(PipelineError::NoProblems)
 }
